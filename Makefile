@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make quickstart` and `make test`.
+# Both create .venv from requirements.txt first (once; again when it changes).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: venv quickstart test tiny clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+quickstart: venv  ## async RL on the embedded tiny model (pass overrides with ARGS="algo.eta=4")
+	$(PY) -m jobs.train --config conf/quickstart.yaml $(ARGS)
+
+test: venv  ## the whole suite, on a local Ray cluster the session starts
+	$(PY) -m pytest -q tests $(ARGS)
+
+tiny: venv  ## rebuild the embedded model in artifacts/tiny
+	$(PY) -m jobs.make_tiny out=artifacts/tiny
+
+clean:
+	rm -rf runs mlruns .pytest_cache

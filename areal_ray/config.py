@@ -1,0 +1,166 @@
+"""Run configuration: typed dataclasses, YAML files in conf/, `key=value` overrides.
+
+`load_config("conf/quickstart.yaml", ["algo.eta=4"])` merges, in order, the dataclass
+defaults, the YAML file and the overrides. Unknown keys and ill-typed values are
+errors that name the key, before any work starts. Every field carries a one-line
+help text: `python -m jobs.train --help` prints them all with their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+def opt(default: Any, help: str):  # noqa: A002 - "help" reads best at the call sites
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("artifacts/tiny", "HF model directory (config, weights, tokenizer) to train")
+    dtype: str = opt("float32", "parameter dtype for training and rollout")
+
+
+@dataclass
+class TaskConfig:
+    train_path: str = opt("", "jsonl of {uid, prompt, answer, verifier}; empty: embedded arithmetic task")
+    eval_path: str = opt("", "held-out jsonl; empty: embedded arithmetic task (disjoint seed)")
+    n_eval: int = opt(256, "held-out problems evaluated before and after training")
+    seed: int = opt(0, "seed of the embedded task's problems and of the per-epoch shuffle")
+    max_steps_per_problem: int = opt(8, "longest chain of the embedded arithmetic task")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = opt("hf", "inference engine: hf (transformers, CPU/GPU)")
+    min_replicas: int = opt(1, "Serve autoscaling: fewest rollout replicas")
+    max_replicas: int = opt(1, "Serve autoscaling: most rollout replicas")
+    max_ongoing_requests: int = opt(256, "requests one replica accepts at once (Serve)")
+    max_batch_size: int = opt(128, "most sequences in one engine batch")
+    num_cpus: float = opt(1.0, "CPUs reserved per rollout replica")
+    group_size: int = opt(8, "samples per prompt (the GRPO group)")
+    max_new_tokens: int = opt(96, "generation budget per sample, kept across interruptions")
+    temperature: float = opt(1.0, "sampling temperature for training rollouts")
+    max_concurrent_rollouts: int = opt(0, "most prompt groups in flight; 0: (eta+1)*batch_groups")
+    torch_threads: int = opt(1, "torch intra-op threads per replica")
+
+
+@dataclass
+class RewardConfig:
+    min_actors: int = opt(1, "reward actor pool: fewest actors (Ray Data autoscaling)")
+    max_actors: int = opt(2, "reward actor pool: most actors")
+    num_cpus: float = opt(0.25, "CPUs reserved per reward actor")
+    timeout_s: float = opt(5.0, "wall-clock bound of one check; past it the reward is 0")
+
+
+@dataclass
+class AlgoConfig:
+    eta: int = opt(2, "staleness bound: max versions between a sample's oldest token and training; 0 = synchronous")
+    batch_groups: int = opt(8, "prompt groups per training step (B)")
+    lr: float = opt(1e-4, "AdamW learning rate")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm")
+    eps_clip: float = opt(0.2, "PPO clip epsilon (low side)")
+    eps_clip_high: Optional[float] = opt(None, "PPO clip epsilon, high side (DAPO clip-higher); null: eps_clip")
+    dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1; null: off")
+    behav_imp_weight_cap: Optional[float] = opt(5.0, "mask tokens whose pi_prox/pi_behav exceeds this; null: no cap")
+    decoupled: bool = opt(True, "decoupled PPO (recomputed proximal policy); false: plain PPO on behaviour logprobs")
+    adv_std_normalize: bool = opt(True, "GRPO: divide group-centred rewards by the group std")
+    max_tokens_per_mb: int = opt(8192, "token budget of one micro-batch")
+
+
+@dataclass
+class TrainConfig:
+    num_workers: int = opt(1, "Ray Train workers (FSDP2 data parallel)")
+    num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer worker")
+    steps: int = opt(30, "training steps (each one weight version)")
+    seed: int = opt(0, "torch seed of the trainer")
+    torch_threads: int = opt(1, "torch intra-op threads per trainer worker")
+
+
+@dataclass
+class RunConfig:
+    name: str = opt("quickstart", "run name (MLflow run name, run_dir default)")
+    run_dir: str = opt("", "where steps.jsonl and summary.json go; empty: runs/<name>-<time>")
+    ray_address: str = opt("", "Ray cluster to join; empty: the job's cluster or a new local one")
+    num_cpus: int = opt(0, "logical CPUs of a local cluster this job starts; 0: Ray's default")
+    mlflow_tracking_uri: str = opt("", "MLflow tracking URI; empty: sqlite store under ./mlruns")
+    mlflow_experiment: str = opt("areal-ray", "MLflow experiment name")
+    eval_before: bool = opt(True, "greedy eval on the held-out split before training")
+    eval_after: bool = opt(True, "greedy eval on the held-out split after training")
+    push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key."""
+
+
+def validate(cfg: Config) -> Config:
+    checks = [
+        (cfg.algo.eta >= 0, "algo.eta must be >= 0"),
+        (cfg.algo.batch_groups >= 1, "algo.batch_groups must be >= 1"),
+        (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+        (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
+        (cfg.rollout.temperature > 0, "rollout.temperature must be > 0 for training rollouts"),
+        (1 <= cfg.rollout.min_replicas <= cfg.rollout.max_replicas,
+         "need 1 <= rollout.min_replicas <= rollout.max_replicas"),
+        (1 <= cfg.reward.min_actors <= cfg.reward.max_actors,
+         "need 1 <= reward.min_actors <= reward.max_actors"),
+        (cfg.train.num_workers >= 1, "train.num_workers must be >= 1"),
+        (cfg.train.steps >= 1, "train.steps must be >= 1"),
+        (cfg.rollout.backend in ("hf",), f"rollout.backend {cfg.rollout.backend!r} is not one of: hf"),
+        (cfg.algo.dual_clip is None or cfg.algo.dual_clip > 1, "algo.dual_clip must be > 1 or null"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    return cfg
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    try:
+        merged = OmegaConf.structured(Config)
+        if path:
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+        for item in overrides or []:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form key=value")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad config ({path or 'defaults'}): {e}") from e
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {path}") from e
+    return validate(cfg)
+
+
+def to_dict(cfg: Config) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def help_lines(cls=Config, prefix: str = "") -> list[str]:
+    """`key = default  # help` for every leaf key, in schema order."""
+    lines = []
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        sub = f.default_factory if f.default_factory is not MISSING else None
+        if sub is not None and is_dataclass(sub):
+            lines.extend(help_lines(sub, key + "."))
+        else:
+            lines.append(f"  {key} = {f.default!r}    # {f.metadata.get('help', '')}")
+    return lines

@@ -1,0 +1,115 @@
+"""The reward stage: checkers run by an autoscaling pool of Ray Data actors.
+
+Each actor keeps one worker *process* and runs every check there with a deadline. A
+check that overruns (or kills its process) gets reward 0 with a reason, the worker
+process is terminated and replaced, and the run goes on: a checker can never stall
+or crash training. The pool itself is Ray Data's autoscaling actor pool
+(`ActorPoolStrategy(min_size, max_size)`), which grows with queued groups and shrinks when idle.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import numpy as np
+
+from areal_ray.types import Group
+
+VERIFIERS = ("math",)
+
+
+def check(verifier: str, text: str, answer: str) -> float:
+    """Runs inside the worker process."""
+    if verifier == "math":
+        from areal_ray.reward.math import math_reward
+        return math_reward(text, answer)
+    raise ValueError(f"unknown verifier {verifier!r}")
+
+
+def _serve(conn, fn) -> None:
+    """The worker process: answer checks until the pipe closes."""
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", fn(*msg)))
+        except Exception as e:  # noqa: BLE001 - reported to the caller as the reason
+            conn.send(("error", f"{type(e).__name__}: {e}"[:300]))
+
+
+class TimedChecker:
+    """Runs checks in a child process, each bounded by `timeout_s` of wall time.
+
+    A plain Process and Pipe (not a multiprocessing.Pool): the process can be killed
+    outright on a timeout, and nothing is left registered with multiprocessing's
+    resource tracker.
+    """
+
+    def __init__(self, timeout_s: float = 5.0, fn=check):
+        self.timeout_s = timeout_s
+        self.fn = fn  # a module-level function: the spawned process imports it by name
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.restarts = 0
+
+    def _ensure(self):
+        if self._proc is None or not self._proc.is_alive():
+            self._kill()
+            self._conn, child = self._ctx.Pipe()
+            self._proc = self._ctx.Process(target=_serve, args=(child, self.fn), daemon=True)
+            self._proc.start()
+            child.close()
+        return self._conn
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+            self._conn.close()
+            self.restarts += 1
+        self._proc = self._conn = None
+
+    def __call__(self, verifier: str, text: str, answer: str) -> tuple[float, str]:
+        conn = self._ensure()
+        try:
+            conn.send((verifier, text, answer))
+            if not conn.poll(self.timeout_s):
+                self._kill()
+                return 0.0, f"timeout after {self.timeout_s}s"
+            kind, value = conn.recv()
+        except (EOFError, OSError) as e:
+            self._kill()
+            return 0.0, f"checker process died ({type(e).__name__})"
+        if kind == "ok":
+            return float(value), "checked"
+        return 0.0, f"checker error: {value}"
+
+    def close(self) -> None:
+        self._kill()
+
+
+class RewardStage:
+    """Ray Data UDF: fills in reward and reward_reason of every sample of each group."""
+
+    def __init__(self, timeout_s: float = 5.0):
+        self.checker = TimedChecker(timeout_s)
+
+    def __del__(self):
+        self.checker.close()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        tickets, rows = [], []
+        for ticket, blob in zip(batch["ticket"], batch["group"]):
+            group = Group.from_row({"ticket": int(ticket), "group": blob})
+            t0 = time.perf_counter()
+            for s in group.samples:
+                s.reward, s.reward_reason = self.checker(group.verifier, s.text, group.answer)
+            group.meta["reward_s"] = time.perf_counter() - t0
+            row = group.to_row()
+            tickets.append(row["ticket"])
+            rows.append(row["group"])
+        return {"ticket": tickets, "group": rows}

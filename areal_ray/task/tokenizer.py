@@ -1,0 +1,36 @@
+"""A character-level tokenizer for the embedded task, built with HF `tokenizers`.
+
+Every character of the task's alphabet is one token, so the tiny model never has to
+learn sub-word splits of numbers. It is saved as a `PreTrainedTokenizerFast` and
+loaded back with `AutoTokenizer` like any HF tokenizer; the tokenizer_config names
+its class explicitly, because `AutoTokenizer` would otherwise pick the class that
+belongs to the model type (e.g. Qwen2Tokenizer) and lose the character splitting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+ALPHABET = "0123456789+-*=,.:;()?\\{}abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ #\n/<>_"
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK])}
+    for ch in ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
+        padding_side="left", clean_up_tokenization_spaces=False)
+
+
+def save_char_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    tok = build_char_tokenizer()
+    tok.save_pretrained(str(path))
+    return tok

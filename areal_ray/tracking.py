@@ -1,0 +1,98 @@
+"""Run outputs: steps.jsonl, summary.json, a progress line per step, and MLflow.
+
+All of it happens in the job's own process: workers only send step records to the
+driver actor, which the job tails. That keeps file and MLflow I/O off the training
+workers and makes the run directory correct even when workers run on other nodes.
+
+MLflow's default here is a sqlite store under ./mlruns (the plain file store is in
+maintenance mode in MLflow 3); any tracking URI (an MLflow server) can be set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric
+
+from areal_ray.config import Config, to_dict
+
+
+def default_tracking_uri(root: str | Path = "mlruns") -> str:
+    root = Path(root).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class RunTracker:
+    def __init__(self, cfg: Config, run_dir: Path):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.steps_path = run_dir / "steps.jsonl"
+        self.steps_path.write_text("")
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        uri = cfg.run.mlflow_tracking_uri or default_tracking_uri()
+        mlflow.set_tracking_uri(uri)
+        exp = mlflow.get_experiment_by_name(cfg.run.mlflow_experiment)
+        if exp is None:
+            artifacts = None
+            if uri.startswith("sqlite:"):
+                artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+            mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
+        mlflow.set_experiment(cfg.run.mlflow_experiment)
+        self.run = mlflow.start_run(run_name=cfg.run.name)
+        # Step metrics arrive on the tailing thread, where mlflow's (thread-local) active
+        # run is not set: log through a client with the explicit run id.
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        mlflow.log_params(_flatten(to_dict(cfg)))
+        mlflow.set_tag("run_dir", str(run_dir))
+        self.t0 = time.time()
+        self.n_steps = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+    def log_step(self, rec: dict) -> None:
+        with self.steps_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.n_steps += 1
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[
+            Metric(k, float(v), now, int(rec["step"])) for k, v in rec.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"])
+        elapsed = time.time() - self.t0
+        eta_s = elapsed / self.n_steps * (self.cfg.train.steps - self.n_steps)
+        tok_s = rec["n_tokens"] / max(rec.get("step_s", 0.0) or 1e-9, 1e-9) if rec.get("step_s") else 0.0
+        print(f"[areal-ray] step {rec['step'] + 1:>4}/{self.cfg.train.steps} v{rec['version']:<4} "
+              f"reward {rec['reward_mean']:.3f}  staleness max {rec['staleness_max']} "
+              f"mean {rec['staleness_mean']:.2f}  {tok_s:7.0f} tok/s  ETA {eta_s:5.0f}s",
+              flush=True, file=sys.stdout)
+
+    def finish(self, summary: dict, artifacts: list[Path] = ()) -> None:
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        mlflow.log_metrics({k: float(v) for k, v in summary.items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        for p in [self.steps_path, self.run_dir / "summary.json", self.run_dir / "config.json",
+                  *artifacts]:
+            if os.path.exists(p):
+                mlflow.log_artifact(str(p))
+        mlflow.end_run()
+
+    def fail(self) -> None:
+        mlflow.end_run(status="FAILED")

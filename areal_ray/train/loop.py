@@ -1,0 +1,153 @@
+"""The Ray Train worker loop: one decoupled-PPO step per policy version.
+
+Per step t, on every worker:
+  1. take the groups with tickets [t*B, (t+1)*B) (StepAssembler), this rank's share;
+  2. GRPO advantages per group; per-sample staleness t - min(versions);
+  3. proximal logprobs: a no-grad forward with the weights of version t;
+  4. token-balanced micro-batches (same count on every rank), decoupled PPO loss
+     normalised by the step's global token count, one optimizer step;
+  5. gather the full weights; rank 0 puts them in the object store and the driver
+     pushes them to every rollout replica as version t+1, then records the step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import ray
+import ray.train
+import torch
+import torch.distributed as dist
+
+from areal_ray.algo.advantages import grpo_advantages
+from areal_ray.algo.logprobs import pad_batch, token_logprobs
+from areal_ray.algo.loss import decoupled_ppo_loss
+from areal_ray.algo.microbatch import count_microbatches, split_balanced
+from areal_ray.config import Config
+from areal_ray.train.feeder import ShardFeeder, StepAssembler
+from areal_ray.train.fsdp import full_state_dict, load_sharded_model
+from areal_ray.types import Group
+
+
+def _all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def flatten_groups(groups: list[Group], std_normalize: bool, trained_version: int) -> list[dict]:
+    rewards = torch.tensor([[s.reward or 0.0 for s in g.samples] for g in groups])
+    adv = grpo_advantages(rewards, std_normalize=std_normalize)
+    seqs = []
+    for gi, g in enumerate(groups):
+        for si, s in enumerate(g.samples):
+            if not s.output_ids:
+                continue
+            seqs.append({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
+                         "logprobs": s.logprobs, "versions": s.versions,
+                         "advantage": float(adv[gi, si]), "reward": s.reward or 0.0,
+                         "staleness": s.staleness(trained_version), "ticket": g.ticket})
+    return seqs
+
+
+def train_step(model, opt, seqs: list[dict], cfg: Config, pad_id: int) -> dict:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mine = seqs[rank::world]
+    lengths = [len(s["prompt_ids"]) + len(s["output_ids"]) for s in mine]
+    n_tok = sum(len(s["output_ids"]) for s in mine)
+    k_local = count_microbatches(lengths, cfg.algo.max_tokens_per_mb)
+    k, global_tokens = int(_all_reduce([k_local], dist.ReduceOp.MAX)[0]), _all_reduce([n_tok])[0]
+    k = min(k, int(_all_reduce([len(mine)], dist.ReduceOp.MIN)[0]))
+    mbs = [pad_batch([mine[i] for i in idx], pad_id) for idx in split_balanced(lengths, k)]
+    temp = cfg.rollout.temperature
+
+    t0 = time.perf_counter()
+    if cfg.algo.decoupled:
+        with torch.no_grad():
+            for mb in mbs:
+                mb["proximal_logprobs"] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temp)
+    else:  # plain PPO: the clip is centred on the behaviour policy
+        for mb in mbs:
+            mb["proximal_logprobs"] = mb["behavior_logprobs"]
+    prox_s = time.perf_counter() - t0
+
+    opt.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {}
+    for mb in mbs:
+        logp = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temp)
+        loss, stats = decoupled_ppo_loss(
+            logp, mb["proximal_logprobs"], mb["behavior_logprobs"], mb["advantages"],
+            mb["loss_mask"], eps_clip=cfg.algo.eps_clip, eps_clip_high=cfg.algo.eps_clip_high,
+            dual_clip=cfg.algo.dual_clip, behav_imp_weight_cap=cfg.algo.behav_imp_weight_cap,
+            normalizer=global_tokens)
+        # FSDP averages gradients over ranks; the loss is already a global token mean.
+        (loss * world).backward()
+        w = float(stats["n_tokens"])
+        sums["loss"] = sums.get("loss", 0.0) + loss.item()
+        for key in ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"):
+            sums[key] = sums.get(key, 0.0) + float(stats[key]) * w
+        sums["behav_weight_max"] = max(sums.get("behav_weight_max", 0.0), float(stats["behav_weight_max"]))
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.algo.max_grad_norm)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    opt.step()
+    keys = ["loss", "clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"]
+    reduced = _all_reduce([sums.get(k, 0.0) for k in keys])
+    out = {"loss": reduced[0]}
+    out.update({k: v / max(global_tokens, 1.0) for k, v in zip(keys[1:], reduced[1:])})
+    out["behav_weight_max"] = _all_reduce([sums.get("behav_weight_max", 0.0)], dist.ReduceOp.MAX)[0]
+    out.update({"grad_norm": grad_norm, "n_microbatches": k, "prox_s": prox_s,
+                "train_s": time.perf_counter() - t0})
+    return out
+
+
+def train_loop_per_worker(config: dict) -> None:
+    cfg: Config = config["cfg"]
+    torch.set_num_threads(cfg.train.torch_threads)
+    torch.manual_seed(cfg.train.seed)
+    rank = ray.train.get_context().get_world_rank()
+    driver = ray.get_actor(config["driver_name"], namespace=config["namespace"])
+    model = load_sharded_model(config["model_path"], cfg.model.dtype)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay,
+                            betas=(0.9, 0.95), eps=1e-8)
+    assembler = StepAssembler(ShardFeeder(ray.train.get_dataset_shard("train")),
+                              cfg.algo.batch_groups, distributed=dist.is_initialized())
+    t_start = time.perf_counter()
+    for step in range(cfg.train.steps):
+        groups, wait_s = assembler.next_step(step)
+        seqs = flatten_groups(groups, cfg.algo.adv_std_normalize, trained_version=step)
+        if not seqs:
+            raise RuntimeError(f"step {step}: every sample is empty")
+        stats = train_step(model, opt, seqs, cfg, pad_id)
+        t_gather = time.perf_counter()
+        state = full_state_dict(model)
+        gather_s = time.perf_counter() - t_gather
+        if rank == 0:
+            ref = ray.put(state)
+            push = ray.get(driver.push_weights.remote(step + 1, [ref]))
+            stale = [s["staleness"] for s in seqs]
+            samples = [s for g in groups for s in g.samples]
+            record = {
+                "step": step, "version": step + 1, "time_s": time.perf_counter() - t_start,
+                "reward_mean": sum(s.reward or 0.0 for s in samples) / len(samples),
+                "n_samples": len(samples), "n_tokens": sum(len(s.output_ids) for s in samples),
+                "staleness_max": max(stale), "staleness_mean": sum(stale) / len(stale),
+                "staleness_hist": {str(v): stale.count(v) for v in sorted(set(stale))},
+                "tickets": [g.ticket for g in groups],
+                "admitted_versions": [g.admitted_version for g in groups],
+                "resubmits": sum(s.n_resubmits for s in samples),
+                "truncated_frac": sum(s.stop_reason == "length" for s in samples) / len(samples),
+                "wait_s": wait_s, "gather_s": gather_s, "push_s": push["push_s"],
+                "replicas": push["replicas"], **stats,
+            }
+            record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                      for k, v in record.items()}
+            ray.get(driver.record_step.remote(record))
+        if dist.is_initialized():
+            dist.barrier()
+    if rank == 0:
+        ray.get(driver.close.remote())
