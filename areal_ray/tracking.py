@@ -61,8 +61,8 @@ class RunTracker:
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         mlflow.log_params(_flatten(to_dict(cfg)))
         mlflow.set_tag("run_dir", str(run_dir))
-        self.t0 = time.time()
         self.n_steps = 0
+        self.recent_step_s: list[float] = []
 
     @property
     def run_id(self) -> str:
@@ -72,13 +72,14 @@ class RunTracker:
         with self.steps_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         self.n_steps += 1
+        self.recent_step_s = (self.recent_step_s + [rec.get("step_s") or 0.0])[-5:]
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[
             Metric(k, float(v), now, int(rec["step"])) for k, v in rec.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"])
-        elapsed = time.time() - self.t0
-        eta_s = elapsed / self.n_steps * (self.cfg.train.steps - self.n_steps)
-        tok_s = rec["n_tokens"] / max(rec.get("step_s", 0.0) or 1e-9, 1e-9) if rec.get("step_s") else 0.0
+        # ETA from the last few steps: the first one also carries the pipeline's start-up.
+        eta_s = sum(self.recent_step_s) / len(self.recent_step_s) * (self.cfg.train.steps - self.n_steps)
+        tok_s = rec["n_tokens"] / rec["step_s"] if rec.get("step_s") else 0.0
         print(f"[areal-ray] step {rec['step'] + 1:>4}/{self.cfg.train.steps} v{rec['version']:<4} "
               f"reward {rec['reward_mean']:.3f}  staleness max {rec['staleness_max']} "
               f"mean {rec['staleness_mean']:.2f}  {tok_s:7.0f} tok/s  ETA {eta_s:5.0f}s",

@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TinyModelSpec),
                                                OmegaConf.from_dotlist(rest)))
     meta = build_tiny(out, spec)
-    print(f"built {out}: {meta['n_params']} parameters, SFT loss {meta['sft_final_loss']:.3f}, "
+    print(f"built {out}: {meta['n_params']} parameters, greedy dev accuracy {meta['dev_accuracy']:.3f} "
+          f"({meta['habit_steps']} habit steps), "
           f"{meta['build_s']:.0f}s")
     return 0
 
