@@ -54,7 +54,10 @@ class RewardConfig:
     min_actors: int = opt(1, "reward actor pool: fewest actors (Ray Data autoscaling)")
     max_actors: int = opt(2, "reward actor pool: most actors")
     num_cpus: float = opt(0.25, "CPUs reserved per reward actor")
-    timeout_s: float = opt(5.0, "wall-clock bound of one check; past it the reward is 0")
+    timeout_s: float = opt(5.0, "wall-clock bound of one math check; past it the reward is 0")
+    code_timeout_s: float = opt(30.0, "wall-clock bound of one code check (all its tests)")
+    code_time_limit_s: float = opt(2.0, "per-test wall and CPU limit of sandboxed code")
+    code_memory_limit_mb: int = opt(512, "per-test address-space limit of sandboxed code")
 
 
 @dataclass

@@ -22,7 +22,7 @@ def evaluate(handle, tokenizer, rows: list[dict], max_new_tokens: int,
     for r, resp in zip(rows, pending):
         out = resp.result(timeout_s=600)
         text = tokenizer.decode(out["output_ids"], skip_special_tokens=True)
-        correct += check(r.get("verifier", "math"), text, r["answer"]) > 0
+        correct += check(r.get("verifier", "math"), text, r["answer"])[0] > 0
         lengths.append(len(out["output_ids"]))
         versions.update(out["versions"])
     return {"accuracy": correct / max(len(rows), 1), "n": len(rows),

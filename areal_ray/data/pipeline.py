@@ -79,6 +79,9 @@ def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, nam
                                   max_concurrent_calls_per_actor=concurrent))
     ds = ds.map_batches(
         RewardStage, batch_size=None, num_cpus=cfg.reward.num_cpus,
-        fn_constructor_kwargs=dict(timeout_s=cfg.reward.timeout_s),
+        fn_constructor_kwargs=dict(
+            timeout_s=cfg.reward.timeout_s, code_timeout_s=cfg.reward.code_timeout_s,
+            code_opts={"time_limit_s": cfg.reward.code_time_limit_s,
+                       "memory_limit_mb": cfg.reward.code_memory_limit_mb}),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
     return ds

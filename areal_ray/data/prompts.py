@@ -1,6 +1,8 @@
 """Prompt datasets: the embedded arithmetic task, or jsonl files on disk.
 
-A row is `{"uid", "prompt", "answer", "verifier"}`; extra keys are kept. Rows are
+A row is `{"uid", "prompt", "verifier", ...}`: a `math` row has an `answer`, a `code`
+row has `tests` (a list of `{"input", "output"}` stdin/stdout pairs, carried on as a
+JSON string in `answer`); extra keys are kept. Rows are
 checked when loaded, so a malformed dataset is an error naming the file and line
 before any rollout starts. Training consumes exactly `steps * batch_groups` prompts:
 the split is cycled epoch by epoch, reshuffled with `seed + epoch`, each prompt used
@@ -13,6 +15,7 @@ import json
 import random
 from pathlib import Path
 
+from areal_ray.reward.code import check_tests
 from areal_ray.reward.pool import VERIFIERS
 from areal_ray.task.arith import make_split
 
@@ -26,12 +29,17 @@ class DatasetError(ValueError):
 def check_row(row: object, where: str) -> dict:
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-    for key in ("prompt", "answer"):
-        if not isinstance(row.get(key), str) or not row[key]:
-            raise DatasetError(f"{where}: field {key!r} must be a non-empty string")
     verifier = row.setdefault("verifier", "math")
     if verifier not in VERIFIERS:
         raise DatasetError(f"{where}: verifier {verifier!r} is not one of {VERIFIERS}")
+    if verifier == "code":
+        try:
+            row["answer"] = json.dumps(check_tests(row.get("tests")))
+        except ValueError as e:
+            raise DatasetError(f"{where}: {e}") from e
+    for key in ("prompt", "answer"):
+        if not isinstance(row.get(key), str) or not row[key]:
+            raise DatasetError(f"{where}: field {key!r} must be a non-empty string")
     row.setdefault("uid", where)
     return row
 

@@ -9,6 +9,7 @@ or crash training. The pool itself is Ray Data's autoscaling actor pool
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
 
@@ -16,15 +17,31 @@ import numpy as np
 
 from areal_ray.types import Group
 
-VERIFIERS = ("math",)
+VERIFIERS = ("math", "code")
 
 
-def check(verifier: str, text: str, answer: str) -> float:
-    """Runs inside the worker process."""
+def check(verifier: str, text: str, answer: str, opts: dict | None = None) -> tuple[float, str]:
+    """(reward, reason); runs inside the worker process. For `code`, `answer` is the
+    JSON list of tests."""
+    opts = opts or {}
     if verifier == "math":
         from areal_ray.reward.math import math_reward
-        return math_reward(text, answer)
+        return math_reward(text, answer), "checked"
+    if verifier == "code":
+        from areal_ray.reward.code import code_reward
+        res = code_reward(text, json.loads(answer), opts.get("time_limit_s", 2.0),
+                          opts.get("memory_limit_mb", 512))
+        return res.reward, f"{res.passed}/{res.total} tests: {res.reason}"
     raise ValueError(f"unknown verifier {verifier!r}")
+
+
+_REASON_KINDS = ("timeout", "died", "checker error", "no fenced code block", "no code",
+                 "output limit", "killed", "exit", "wrong answer", "all passed", "checked")
+
+
+def reason_kind(reason: str) -> str:
+    """A low-cardinality category of a reward reason, for per-step histograms."""
+    return next((k for k in _REASON_KINDS if k in reason), reason[:40])
 
 
 def _serve(conn, fn) -> None:
@@ -73,19 +90,22 @@ class TimedChecker:
             self.restarts += 1
         self._proc = self._conn = None
 
-    def __call__(self, verifier: str, text: str, answer: str) -> tuple[float, str]:
+    def __call__(self, verifier: str, text: str, answer: str, opts: dict | None = None,
+                 timeout_s: float | None = None) -> tuple[float, str]:
         conn = self._ensure()
+        timeout_s = timeout_s or self.timeout_s
         try:
-            conn.send((verifier, text, answer))
-            if not conn.poll(self.timeout_s):
+            conn.send((verifier, text, answer, opts))
+            if not conn.poll(timeout_s):
                 self._kill()
-                return 0.0, f"timeout after {self.timeout_s}s"
+                return 0.0, f"timeout after {timeout_s}s"
             kind, value = conn.recv()
         except (EOFError, OSError) as e:
             self._kill()
             return 0.0, f"checker process died ({type(e).__name__})"
         if kind == "ok":
-            return float(value), "checked"
+            reward, reason = value if isinstance(value, tuple) else (value, "checked")
+            return float(reward), reason
         return 0.0, f"checker error: {value}"
 
     def close(self) -> None:
@@ -95,8 +115,11 @@ class TimedChecker:
 class RewardStage:
     """Ray Data UDF: fills in reward and reward_reason of every sample of each group."""
 
-    def __init__(self, timeout_s: float = 5.0):
-        self.checker = TimedChecker(timeout_s)
+    def __init__(self, timeout_s: float = 5.0, code_timeout_s: float = 30.0,
+                 code_opts: dict | None = None, check_fn=check):
+        self.checker = TimedChecker(timeout_s, fn=check_fn)
+        self.code_timeout_s = code_timeout_s
+        self.code_opts = code_opts or {}
 
     def __del__(self):
         self.checker.close()
@@ -106,8 +129,11 @@ class RewardStage:
         for ticket, blob in zip(batch["ticket"], batch["group"]):
             group = Group.from_row({"ticket": int(ticket), "group": blob})
             t0 = time.perf_counter()
+            code = group.verifier == "code"
             for s in group.samples:
-                s.reward, s.reward_reason = self.checker(group.verifier, s.text, group.answer)
+                s.reward, s.reward_reason = self.checker(
+                    group.verifier, s.text, group.answer, self.code_opts if code else None,
+                    self.code_timeout_s if code else None)
             group.meta["reward_s"] = time.perf_counter() - t0
             row = group.to_row()
             tickets.append(row["ticket"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 
 import ray
 import ray.train
@@ -25,6 +26,7 @@ from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.algo.loss import decoupled_ppo_loss
 from areal_ray.algo.microbatch import count_microbatches, split_balanced
 from areal_ray.config import Config
+from areal_ray.reward.pool import reason_kind
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
 from areal_ray.types import Group
@@ -141,6 +143,7 @@ def train_loop_per_worker(config: dict) -> None:
                 "admitted_versions": [g.admitted_version for g in groups],
                 "resubmits": sum(s.n_resubmits for s in samples),
                 "truncated_frac": sum(s.stop_reason == "length" for s in samples) / len(samples),
+                "reward_reasons": dict(Counter(reason_kind(s.reward_reason) for s in samples)),
                 "wait_s": wait_s, "gather_s": gather_s, "push_s": push["push_s"],
                 "replicas": push["replicas"], **stats,
             }

@@ -52,3 +52,20 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
     assert run.data.params["algo.eta"] == str(eta)
     history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "reward_mean")
     assert len(history) == STEPS
+
+
+def test_code_task_runs_end_to_end_with_sandboxed_rewards(ray_cluster, embedded_model, tmp_path):
+    """conf/code.yaml through the real job: code rows, sandboxed checks, reasons recorded.
+    (The tiny arithmetic model writes no Python, so rewards are 0 with a reason.)"""
+    cfg = load_config("conf/code.yaml", [
+        f"model.path={embedded_model}", "train.steps=2", "algo.eta=1", "algo.batch_groups=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=32", "task.n_eval=2",
+        f"run.run_dir={tmp_path / 'run'}",
+        f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    summary = run_training(cfg)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 2 and len(steps) == 2
+    for s in steps:
+        assert sum(s["reward_reasons"].values()) == s["n_samples"] == 4
+        assert set(s["reward_reasons"]) <= {"no fenced code block", "wrong answer", "all passed",
+                                            "timeout", "exit", "killed", "output limit"}

@@ -7,12 +7,12 @@ from areal_ray.reward.pool import RewardStage, TimedChecker
 from areal_ray.types import Group, Sample
 
 
-def slow_check(verifier, text, answer):
+def slow_check(verifier, text, answer, opts=None):
     time.sleep(float(text))
     return 1.0
 
 
-def crashing_check(verifier, text, answer):
+def crashing_check(verifier, text, answer, opts=None):
     os._exit(3)
 
 
