@@ -12,6 +12,8 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
+
+from areal_ray.algo.advantages import ESTIMATORS
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -72,7 +74,12 @@ class AlgoConfig:
     dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1; null: off")
     behav_imp_weight_cap: Optional[float] = opt(5.0, "mask tokens whose pi_prox/pi_behav exceeds this; null: no cap")
     decoupled: bool = opt(True, "decoupled PPO (recomputed proximal policy); false: plain PPO on behaviour logprobs")
-    adv_std_normalize: bool = opt(True, "GRPO: divide group-centred rewards by the group std")
+    adv_estimator: str = opt("grpo", "advantages: grpo (group mean/std), dr_grpo (group mean), rloo (leave-one-out)")
+    reward_bias: float = opt(0.0, "reward transform r' = clip((r + bias) * scale)")
+    reward_scale: float = opt(1.0, "reward transform scale")
+    reward_clip: Optional[float] = opt(None, "reward transform clip |r'| <= clip; null: none")
+    overlong_tokens: int = opt(0, "DAPO overlong penalty ramp (tokens before max_new_tokens); 0: off")
+    overlong_factor: float = opt(1.0, "DAPO overlong penalty at max_new_tokens")
     max_tokens_per_mb: int = opt(8192, "token budget of one micro-batch")
 
 
@@ -128,6 +135,10 @@ def validate(cfg: Config) -> Config:
         (cfg.train.steps >= 1, "train.steps must be >= 1"),
         (cfg.rollout.backend in ("hf",), f"rollout.backend {cfg.rollout.backend!r} is not one of: hf"),
         (cfg.algo.dual_clip is None or cfg.algo.dual_clip > 1, "algo.dual_clip must be > 1 or null"),
+        (cfg.algo.adv_estimator in ESTIMATORS,
+         f"algo.adv_estimator {cfg.algo.adv_estimator!r} is not one of {ESTIMATORS}"),
+        (0 <= cfg.algo.overlong_tokens < cfg.rollout.max_new_tokens,
+         "algo.overlong_tokens must be in [0, rollout.max_new_tokens)"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -34,3 +34,12 @@ def test_every_key_has_help():
     lines = help_lines()
     assert any(line.strip().startswith("algo.eta =") for line in lines)
     assert all("#" in line and line.split("#", 1)[1].strip() for line in lines)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["algo.adv_estimator=magic"], "adv_estimator"),
+    (["algo.overlong_tokens=500", "rollout.max_new_tokens=96"], "overlong_tokens"),
+])
+def test_algorithm_choices_are_checked(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, overrides)

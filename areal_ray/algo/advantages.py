@@ -1,28 +1,85 @@
 """Advantage estimators for outcome rewards (one scalar reward per sample).
 
-GRPO normalises each sample's reward within its prompt group: A = (r - mean) / std.
-The advantage is then broadcast to every generated token of the sample. A group in
-which every sample got the same reward carries no signal and gets A = 0.
+All estimators take rewards of shape [n_groups, group_size] (the samples of one
+prompt form a group) and return advantages of the same shape, which the trainer
+broadcasts to every generated token of a sample:
+
+* GRPO: group-normalised, A = (r - mean) / (std + eps);
+* Dr.GRPO: group-centred only, A = r - mean (no std: no bias towards easy/hard groups);
+* RLOO: leave-one-out baseline, A_i = r_i - mean_{j != i} r_j.
+
+A group in which every sample got the same reward carries no signal: A = 0 for all
+three. `shape_rewards` applies AReaL's reward transform (bias, scale, clip) and DAPO's
+overlong penalty before any estimator; `informative_groups` is DAPO's dynamic filter.
 """
 
 from __future__ import annotations
 
 import torch
 
+ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+
 
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-5,
                     std_normalize: bool = True) -> torch.Tensor:
-    """Group-normalised advantages.
-
-    rewards: [n_groups, group_size]. Returns a tensor of the same shape.
-    The std is the unbiased one (as AReaL's default), and `std_normalize=False`
-    gives Dr.GRPO's mean-only centring.
-    """
-    if rewards.dim() != 2:
-        raise ValueError(f"grpo_advantages expects [n_groups, group_size], got {tuple(rewards.shape)}")
+    """Group-normalised advantages; the std is the unbiased one (AReaL's default).
+    `std_normalize=False` gives Dr.GRPO's mean-only centring."""
+    _check(rewards)
     r = rewards.float()
     centred = r - r.mean(dim=1, keepdim=True)
     if not std_normalize or r.shape[1] < 2:
         return centred
     std = r.std(dim=1, unbiased=True, keepdim=True)
     return centred / (std + eps)
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Leave-one-out: each sample's baseline is the mean of the *other* samples."""
+    _check(rewards)
+    r = rewards.float()
+    n = r.shape[1]
+    if n < 2:
+        return torch.zeros_like(r)
+    others_mean = (r.sum(dim=1, keepdim=True) - r) / (n - 1)
+    return r - others_mean
+
+
+def advantages(rewards: torch.Tensor, estimator: str = "grpo") -> torch.Tensor:
+    if estimator == "grpo":
+        return grpo_advantages(rewards)
+    if estimator == "dr_grpo":
+        return grpo_advantages(rewards, std_normalize=False)
+    if estimator == "rloo":
+        return rloo_advantages(rewards)
+    raise ValueError(f"unknown advantage estimator {estimator!r}; one of {ESTIMATORS}")
+
+
+def shape_rewards(rewards: torch.Tensor, bias: float = 0.0, scale: float = 1.0,
+                  clip: float | None = None, lengths: torch.Tensor | None = None,
+                  max_len: int | None = None, overlong_tokens: int = 0,
+                  overlong_factor: float = 1.0) -> torch.Tensor:
+    """r' = clip((r + bias) * scale) plus DAPO's overlong penalty.
+
+    The penalty ramps linearly from 0 at `max_len - overlong_tokens` generated tokens
+    to -overlong_factor at `max_len`: long answers are discouraged before they are cut.
+    """
+    r = (rewards.float() + bias) * scale
+    if clip is not None:
+        r = r.clamp(-clip, clip)
+    if overlong_tokens > 0:
+        if lengths is None or max_len is None:
+            raise ValueError("the overlong penalty needs lengths and max_len")
+        excess = lengths.float() - (max_len - overlong_tokens)
+        r = r + torch.clamp(-excess / overlong_tokens * overlong_factor, max=0.0)
+    return r
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """DAPO's dynamic filter: a bool per group, False where all rewards are equal."""
+    _check(rewards)
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def _check(rewards: torch.Tensor) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(f"expected rewards of shape [n_groups, group_size], got {tuple(rewards.shape)}")

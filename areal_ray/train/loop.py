@@ -2,7 +2,8 @@
 
 Per step t, on every worker:
   1. take the groups with tickets [t*B, (t+1)*B) (StepAssembler), this rank's share;
-  2. GRPO advantages per group; per-sample staleness t - min(versions);
+  2. shaped rewards -> advantages per group (GRPO, Dr.GRPO or RLOO); per-sample
+     staleness t - min(versions);
   3. proximal logprobs: a no-grad forward with the weights of version t;
   4. token-balanced micro-batches (same count on every rank), decoupled PPO loss
      normalised by the step's global token count, one optimizer step;
@@ -21,11 +22,11 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from areal_ray.algo.advantages import grpo_advantages
+from areal_ray.algo.advantages import advantages, shape_rewards
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.algo.loss import decoupled_ppo_loss
 from areal_ray.algo.microbatch import count_microbatches, split_balanced
-from areal_ray.config import Config
+from areal_ray.config import AlgoConfig, Config
 from areal_ray.reward.pool import reason_kind
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
@@ -40,9 +41,14 @@ def _all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
     return t.tolist()
 
 
-def flatten_groups(groups: list[Group], std_normalize: bool, trained_version: int) -> list[dict]:
+def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
+                   trained_version: int) -> list[dict]:
+    """One dict per non-empty sample, with its advantage and staleness."""
     rewards = torch.tensor([[s.reward or 0.0 for s in g.samples] for g in groups])
-    adv = grpo_advantages(rewards, std_normalize=std_normalize)
+    lengths = torch.tensor([[len(s.output_ids) for s in g.samples] for g in groups])
+    shaped = shape_rewards(rewards, algo.reward_bias, algo.reward_scale, algo.reward_clip,
+                           lengths, max_new_tokens, algo.overlong_tokens, algo.overlong_factor)
+    adv = advantages(shaped, algo.adv_estimator)
     seqs = []
     for gi, g in enumerate(groups):
         for si, s in enumerate(g.samples):
@@ -121,7 +127,7 @@ def train_loop_per_worker(config: dict) -> None:
     t_start = time.perf_counter()
     for step in range(cfg.train.steps):
         groups, wait_s = assembler.next_step(step)
-        seqs = flatten_groups(groups, cfg.algo.adv_std_normalize, trained_version=step)
+        seqs = flatten_groups(groups, cfg.algo, cfg.rollout.max_new_tokens, trained_version=step)
         if not seqs:
             raise RuntimeError(f"step {step}: every sample is empty")
         stats = train_step(model, opt, seqs, cfg, pad_id)

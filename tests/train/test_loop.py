@@ -25,7 +25,8 @@ def make_groups(engine, rewards_per_group, version=0):
 def test_flatten_groups_advantages_and_staleness(random_model_dir):
     engine = HFEngine(random_model_dir)
     groups = make_groups(engine, [[1.0, 0.0], [1.0, 1.0]], version=2)
-    seqs = flatten_groups(groups, std_normalize=False, trained_version=5)
+    algo = load_config(None, ["algo.adv_estimator=dr_grpo"]).algo
+    seqs = flatten_groups(groups, algo, max_new_tokens=8, trained_version=5)
     assert [s["advantage"] for s in seqs] == [0.5, -0.5, 0.0, 0.0]
     assert {s["staleness"] for s in seqs} == {3}
 
@@ -36,7 +37,7 @@ def test_train_step_raises_the_logprob_of_rewarded_samples(random_model_dir):
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     cfg = load_config(None, ["algo.lr=1e-2"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr)
-    seqs = flatten_groups(make_groups(engine, [[1.0, 0.0, 0.0, 0.0]]), True, 0)
+    seqs = flatten_groups(make_groups(engine, [[1.0, 0.0, 0.0, 0.0]]), cfg.algo, 8, 0)
 
     def seq_logprob(s):
         b = pad_batch([s], engine.pad_id)
