@@ -81,6 +81,7 @@ class AlgoConfig:
     overlong_tokens: int = opt(0, "DAPO overlong penalty ramp (tokens before max_new_tokens); 0: off")
     overlong_factor: float = opt(1.0, "DAPO overlong penalty at max_new_tokens")
     max_tokens_per_mb: int = opt(8192, "token budget of one micro-batch")
+    pack: bool = opt(True, "padding-free packed micro-batches (false: right-padded rows)")
 
 
 @dataclass

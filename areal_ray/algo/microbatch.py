@@ -1,10 +1,11 @@
-"""Micro-batching: split a step's sequences into token-balanced micro-batches.
+"""Micro-batching: split a step's sequences into token-budgeted micro-batches.
 
 Every data-parallel rank must run the same number of forward/backward passes (FSDP
-gathers parameters collectively), so the trainer first agrees on a count k across
-ranks, then each rank splits its sequences into exactly k bins. Longest-first greedy
-("LPT": each sequence goes to the currently lightest bin) keeps the bins within one
-sequence of each other in tokens.
+gathers parameters collectively), so ranks agree on a count k and each splits its
+sequences into exactly k bins:
+  * `ffd`: first-fit decreasing under a token budget (for packed micro-batches);
+  * `split_balanced`: longest-first greedy into k bins ("LPT"), used for padded
+    micro-batches and to hand whole prompt groups to ranks (`assign_groups`).
 """
 
 from __future__ import annotations
@@ -33,3 +34,31 @@ def split_balanced(lengths: list[int], k: int) -> list[list[int]]:
         bins[b].append(i)
         heapq.heappush(heap, (load + lengths[i], b))
     return [sorted(b) for b in bins]
+
+
+def ffd(lengths: list[int], max_tokens: int, min_bins: int = 1) -> list[list[int]]:
+    """First-fit decreasing into bins of at most `max_tokens` (AReaL's variant: among
+    the bins a sequence fits in, the one holding the fewest sequences). At least
+    `min_bins` bins, which is how ranks agree on one micro-batch count; a sequence
+    longer than the budget gets a bin of its own. Bins may be empty when there are
+    fewer sequences than `min_bins`."""
+    bins: list[list[int]] = [[] for _ in range(max(1, min_bins))]
+    loads = [0] * len(bins)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fitting = [b for b in range(len(bins))
+                   if loads[b] + lengths[i] <= max_tokens or not bins[b]]
+        if not fitting:
+            bins.append([])
+            loads.append(0)
+            fitting = [len(bins) - 1]
+        b = min(fitting, key=lambda b: (len(bins[b]), loads[b]))
+        bins[b].append(i)
+        loads[b] += lengths[i]
+    return [sorted(b) for b in bins]
+
+
+def assign_groups(group_tokens: list[int], world: int) -> list[list[int]]:
+    """Whole prompt groups to data-parallel ranks, balanced by tokens."""
+    if len(group_tokens) < world:
+        raise ValueError(f"{len(group_tokens)} groups cannot feed {world} ranks")
+    return split_balanced(group_tokens, world)

@@ -5,8 +5,9 @@ Per step t, on every worker:
   2. shaped rewards -> advantages per group (GRPO, Dr.GRPO or RLOO); per-sample
      staleness t - min(versions);
   3. proximal logprobs: a no-grad forward with the weights of version t;
-  4. token-balanced micro-batches (same count on every rank), decoupled PPO loss
-     normalised by the step's global token count, one optimizer step;
+  4. micro-batches under a token budget (packed by default, same count on every
+     rank; train/batching.py), decoupled PPO loss normalised by the step's global
+     token count, one optimizer step;
   5. gather the full weights; rank 0 puts them in the object store and the driver
      pushes them to every rollout replica as version t+1, then records the step.
 """
@@ -23,22 +24,14 @@ import torch
 import torch.distributed as dist
 
 from areal_ray.algo.advantages import advantages, shape_rewards
-from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.algo.loss import decoupled_ppo_loss
-from areal_ray.algo.microbatch import count_microbatches, split_balanced
 from areal_ray.config import AlgoConfig, Config
 from areal_ray.reward.pool import reason_kind
+from areal_ray.train.batching import (all_reduce, build_microbatches, empty_forward,
+                                     forward_logprobs, rank_share)
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
 from areal_ray.types import Group
-
-
-def _all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
-    if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=op)
-    return t.tolist()
 
 
 def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
@@ -64,29 +57,29 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
 def train_step(model, opt, seqs: list[dict], cfg: Config, pad_id: int) -> dict:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    mine = seqs[rank::world]
-    lengths = [len(s["prompt_ids"]) + len(s["output_ids"]) for s in mine]
-    n_tok = sum(len(s["output_ids"]) for s in mine)
-    k_local = count_microbatches(lengths, cfg.algo.max_tokens_per_mb)
-    k, global_tokens = int(_all_reduce([k_local], dist.ReduceOp.MAX)[0]), _all_reduce([n_tok])[0]
-    k = min(k, int(_all_reduce([len(mine)], dist.ReduceOp.MIN)[0]))
-    mbs = [pad_batch([mine[i] for i in idx], pad_id) for idx in split_balanced(lengths, k)]
+    mine = rank_share(seqs, rank, world)
+    global_tokens = all_reduce([sum(len(s["output_ids"]) for s in mine)])[0]
+    mbs = build_microbatches(mine, cfg.algo.max_tokens_per_mb, cfg.algo.pack, pad_id)
     temp = cfg.rollout.temperature
 
     t0 = time.perf_counter()
-    if cfg.algo.decoupled:
-        with torch.no_grad():
-            for mb in mbs:
-                mb["proximal_logprobs"] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temp)
-    else:  # plain PPO: the clip is centred on the behaviour policy
-        for mb in mbs:
+    for mb in mbs:
+        if mb is None:
+            continue
+        if cfg.algo.decoupled:
+            with torch.no_grad():
+                mb["proximal_logprobs"] = forward_logprobs(model, mb, temp)
+        else:  # plain PPO: the clip is centred on the behaviour policy
             mb["proximal_logprobs"] = mb["behavior_logprobs"]
     prox_s = time.perf_counter() - t0
 
     opt.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
     for mb in mbs:
-        logp = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temp)
+        if mb is None:
+            (empty_forward(model, pad_id) * world).backward()
+            continue
+        logp = forward_logprobs(model, mb, temp)
         loss, stats = decoupled_ppo_loss(
             logp, mb["proximal_logprobs"], mb["behavior_logprobs"], mb["advantages"],
             mb["loss_mask"], eps_clip=cfg.algo.eps_clip, eps_clip_high=cfg.algo.eps_clip_high,
@@ -103,11 +96,11 @@ def train_step(model, opt, seqs: list[dict], cfg: Config, pad_id: int) -> dict:
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     opt.step()
     keys = ["loss", "clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"]
-    reduced = _all_reduce([sums.get(k, 0.0) for k in keys])
+    reduced = all_reduce([sums.get(k, 0.0) for k in keys])
     out = {"loss": reduced[0]}
     out.update({k: v / max(global_tokens, 1.0) for k, v in zip(keys[1:], reduced[1:])})
-    out["behav_weight_max"] = _all_reduce([sums.get("behav_weight_max", 0.0)], dist.ReduceOp.MAX)[0]
-    out.update({"grad_norm": grad_norm, "n_microbatches": k, "prox_s": prox_s,
+    out["behav_weight_max"] = all_reduce([sums.get("behav_weight_max", 0.0)], dist.ReduceOp.MAX)[0]
+    out.update({"grad_norm": grad_norm, "n_microbatches": len(mbs), "prox_s": prox_s,
                 "train_s": time.perf_counter() - t0})
     return out
 

@@ -1,0 +1,65 @@
+"""Padding-free packing: a micro-batch as one row of concatenated sequences.
+
+Sequences are laid end to end in a single row with per-sequence position ids, so no
+compute goes to padding. On CPU (sdpa/eager attention) a block-diagonal causal mask
+keeps attention from crossing sequence boundaries; with flash-attention on GPUs,
+transformers derives the varlen boundaries (cu_seqlens) from the position ids that
+restart at 0, and the O(T^2) mask is not built (`build_mask=False`).
+
+Next-token alignment follows `logprobs.pad_batch`: position i holds the logprob of
+token i+1, and only positions whose next token is an output token of the *same*
+sequence are in the loss mask (the last token of one sequence never "predicts" the
+first token of the next).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
+    """seqs: dicts with prompt_ids, output_ids, logprobs, versions, advantage."""
+    ids, pos, seg = [], [], []
+    lens = []
+    for k, s in enumerate(seqs):
+        toks = list(s["prompt_ids"]) + list(s["output_ids"])
+        ids += toks
+        pos += range(len(toks))
+        seg += [k] * len(toks)
+        lens.append(len(toks))
+    total = len(ids)
+    out = {
+        "input_ids": torch.tensor([ids], dtype=torch.long),
+        "position_ids": torch.tensor([pos], dtype=torch.long),
+        "seq_ids": torch.tensor(seg, dtype=torch.long),
+        "cu_seqlens": torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32),
+        "loss_mask": torch.zeros(total - 1, dtype=torch.bool),
+        "behavior_logprobs": torch.zeros(total - 1),
+        "advantages": torch.zeros(total - 1),
+        "versions": torch.full((total - 1,), -1, dtype=torch.long),
+    }
+    start = 0
+    for s, n in zip(seqs, lens):
+        p, o = len(s["prompt_ids"]), len(s["output_ids"])
+        sl = slice(start + p - 1, start + p - 1 + o)
+        out["loss_mask"][sl] = True
+        out["behavior_logprobs"][sl] = torch.tensor(s["logprobs"], dtype=torch.float32)
+        out["advantages"][sl] = float(s["advantage"])
+        out["versions"][sl] = torch.tensor(s["versions"], dtype=torch.long)
+        start += n
+    if build_mask:
+        same = out["seq_ids"][:, None] == out["seq_ids"][None, :]
+        causal = torch.tril(torch.ones(total, total, dtype=torch.bool))
+        out["attention_mask"] = (same & causal)[None, None]
+    return out
+
+
+def packed_token_logprobs(model, packed: dict[str, torch.Tensor],
+                          temperature: float = 1.0) -> torch.Tensor:
+    """[T-1] log-probabilities of input_ids[1:] (garbage across boundaries: masked out)."""
+    kwargs = {"input_ids": packed["input_ids"], "position_ids": packed["position_ids"]}
+    if "attention_mask" in packed:
+        kwargs["attention_mask"] = packed["attention_mask"]
+    logits = model(**kwargs).logits[0, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, packed["input_ids"][0, 1:, None]).squeeze(-1)

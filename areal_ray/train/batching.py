@@ -1,0 +1,74 @@
+"""A step's sequences -> this rank's micro-batches, the same count on every rank.
+
+Whole prompt groups go to data-parallel ranks, balanced by tokens. Each rank then
+fills micro-batches up to `algo.max_tokens_per_mb` tokens: packed (one row of
+concatenated sequences, no padding; the default) by first-fit decreasing, or padded
+(right-padded rows) by longest-first greedy. Ranks agree on the micro-batch count by
+all-reduce; a rank with fewer sequences than bins runs an empty micro-batch as a
+zero-weight forward/backward so FSDP's collectives stay in step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from areal_ray.algo.logprobs import pad_batch, token_logprobs
+from areal_ray.algo.microbatch import assign_groups, count_microbatches, ffd, split_balanced
+from areal_ray.algo.packing import pack, packed_token_logprobs
+
+
+def all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def seq_len(s: dict) -> int:
+    return len(s["prompt_ids"]) + len(s["output_ids"])
+
+
+def rank_share(seqs: list[dict], rank: int, world: int) -> list[dict]:
+    """This rank's sequences: whole groups (by ticket), token-balanced across ranks."""
+    if world == 1:
+        return seqs
+    groups: dict[int, list[dict]] = defaultdict(list)
+    for s in seqs:
+        groups[s["ticket"]].append(s)
+    order = sorted(groups)
+    if len(order) < world:  # too few groups to keep them whole: split sequences
+        return seqs[rank::world]
+    parts = assign_groups([sum(seq_len(s) for s in groups[t]) for t in order], world)
+    return [s for i in parts[rank] for s in groups[order[i]]]
+
+
+def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
+                       pad_id: int) -> list[dict | None]:
+    lengths = [seq_len(s) for s in mine]
+    if packed:
+        bins = ffd(lengths, max_tokens)
+        while True:  # agree on one count; FFD with more bins never needs fewer
+            k = int(all_reduce([len(bins)], dist.ReduceOp.MAX)[0])
+            bins = ffd(lengths, max_tokens, min_bins=k)
+            if int(all_reduce([len(bins)], dist.ReduceOp.MAX)[0]) == k == len(bins):
+                break
+        return [pack([mine[i] for i in b]) if b else None for b in bins]
+    k = int(all_reduce([count_microbatches(lengths, max_tokens)], dist.ReduceOp.MAX)[0])
+    bins = split_balanced(lengths, k) if k <= len(lengths) else \
+        split_balanced(lengths, len(lengths)) + [[]] * (k - len(lengths))
+    return [pad_batch([mine[i] for i in b], pad_id) if b else None for b in bins]
+
+
+def forward_logprobs(model, mb: dict, temperature: float) -> torch.Tensor:
+    if "position_ids" in mb:
+        return packed_token_logprobs(model, mb, temperature)
+    return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature)
+
+
+def empty_forward(model, pad_id: int) -> torch.Tensor:
+    """A zero-valued loss through the whole model (keeps FSDP collectives in step)."""
+    return model(input_ids=torch.tensor([[pad_id]])).logits.sum() * 0.0
