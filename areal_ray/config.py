@@ -82,6 +82,7 @@ class AlgoConfig:
     overlong_factor: float = opt(1.0, "DAPO overlong penalty at max_new_tokens")
     max_tokens_per_mb: int = opt(8192, "token budget of one micro-batch")
     pack: bool = opt(True, "padding-free packed micro-batches (false: right-padded rows)")
+    ppo_minibatches: int = opt(1, "optimizer steps per training batch (PPO minibatches)")
 
 
 @dataclass
@@ -133,6 +134,8 @@ def validate(cfg: Config) -> Config:
         (1 <= cfg.reward.min_actors <= cfg.reward.max_actors,
          "need 1 <= reward.min_actors <= reward.max_actors"),
         (cfg.train.num_workers >= 1, "train.num_workers must be >= 1"),
+        (1 <= cfg.algo.ppo_minibatches <= cfg.algo.batch_groups,
+         "algo.ppo_minibatches must be in [1, algo.batch_groups]"),
         (cfg.train.steps >= 1, "train.steps must be >= 1"),
         (cfg.rollout.backend in ("hf",), f"rollout.backend {cfg.rollout.backend!r} is not one of: hf"),
         (cfg.algo.dual_clip is None or cfg.algo.dual_clip > 1, "algo.dual_clip must be > 1 or null"),

@@ -46,6 +46,14 @@ def rank_share(seqs: list[dict], rank: int, world: int) -> list[dict]:
     return [s for i in parts[rank] for s in groups[order[i]]]
 
 
+def split_minibatches(mine: list[dict], n: int) -> list[list[dict]]:
+    """`n` PPO minibatches (one optimizer step each) of whole groups, in ticket order;
+    some may be empty on a rank with few groups (it then runs empty micro-batches)."""
+    tickets = sorted({s["ticket"] for s in mine})
+    chunks = [tickets[i * len(tickets) // n:(i + 1) * len(tickets) // n] for i in range(n)]
+    return [[s for s in mine if s["ticket"] in set(c)] for c in chunks]
+
+
 def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
                        pad_id: int) -> list[dict | None]:
     lengths = [seq_len(s) for s in mine]

@@ -4,7 +4,8 @@ Per step t, on every worker:
   1. take the groups with tickets [t*B, (t+1)*B) (StepAssembler), this rank's share;
   2. shaped rewards -> advantages per group (GRPO, Dr.GRPO or RLOO); per-sample
      staleness t - min(versions);
-  3. proximal logprobs: a no-grad forward with the weights of version t;
+  3. proximal logprobs: the weights of version t (a separate no-grad forward only
+     when a batch takes several optimizer steps, see train_step);
   4. micro-batches under a token budget (packed by default, same count on every
      rank; train/batching.py), decoupled PPO loss normalised by the step's global
      token count, one optimizer step;
@@ -28,7 +29,7 @@ from areal_ray.algo.loss import decoupled_ppo_loss
 from areal_ray.config import AlgoConfig, Config
 from areal_ray.reward.pool import reason_kind
 from areal_ray.train.batching import (all_reduce, build_microbatches, empty_forward,
-                                     forward_logprobs, rank_share)
+                                     forward_logprobs, rank_share, split_minibatches)
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
 from areal_ray.types import Group
@@ -55,53 +56,63 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
 
 
 def train_step(model, opt, seqs: list[dict], cfg: Config, pad_id: int) -> dict:
+    """One batch: `algo.ppo_minibatches` optimizer steps. Returns summed/averaged stats."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    mine = rank_share(seqs, rank, world)
-    global_tokens = all_reduce([sum(len(s["output_ids"]) for s in mine)])[0]
-    mbs = build_microbatches(mine, cfg.algo.max_tokens_per_mb, cfg.algo.pack, pad_id)
+    minis = [build_microbatches(part, cfg.algo.max_tokens_per_mb, cfg.algo.pack, pad_id)
+             for part in split_minibatches(rank_share(seqs, rank, world), cfg.algo.ppo_minibatches)]
     temp = cfg.rollout.temperature
 
+    # pi_prox is the policy before this batch's first update. With one minibatch the
+    # loss forward runs on exactly those weights, so its detached logprobs *are* the
+    # proximal logprobs and a separate forward would only repeat it; with several,
+    # later minibatches run on updated weights and pi_prox is recomputed up front.
     t0 = time.perf_counter()
-    for mb in mbs:
-        if mb is None:
-            continue
-        if cfg.algo.decoupled:
-            with torch.no_grad():
+    if cfg.algo.decoupled and len(minis) > 1:
+        with torch.no_grad():
+            for mb in (mb for mbs in minis for mb in mbs if mb is not None):
                 mb["proximal_logprobs"] = forward_logprobs(model, mb, temp)
-        else:  # plain PPO: the clip is centred on the behaviour policy
-            mb["proximal_logprobs"] = mb["behavior_logprobs"]
     prox_s = time.perf_counter() - t0
 
-    opt.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
-    for mb in mbs:
-        if mb is None:
-            (empty_forward(model, pad_id) * world).backward()
-            continue
-        logp = forward_logprobs(model, mb, temp)
-        loss, stats = decoupled_ppo_loss(
-            logp, mb["proximal_logprobs"], mb["behavior_logprobs"], mb["advantages"],
-            mb["loss_mask"], eps_clip=cfg.algo.eps_clip, eps_clip_high=cfg.algo.eps_clip_high,
-            dual_clip=cfg.algo.dual_clip, behav_imp_weight_cap=cfg.algo.behav_imp_weight_cap,
-            normalizer=global_tokens)
-        # FSDP averages gradients over ranks; the loss is already a global token mean.
-        (loss * world).backward()
-        w = float(stats["n_tokens"])
-        sums["loss"] = sums.get("loss", 0.0) + loss.item()
-        for key in ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"):
-            sums[key] = sums.get(key, 0.0) + float(stats[key]) * w
-        sums["behav_weight_max"] = max(sums.get("behav_weight_max", 0.0), float(stats["behav_weight_max"]))
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.algo.max_grad_norm)
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    opt.step()
-    keys = ["loss", "clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"]
-    reduced = all_reduce([sums.get(k, 0.0) for k in keys])
-    out = {"loss": reduced[0]}
-    out.update({k: v / max(global_tokens, 1.0) for k, v in zip(keys[1:], reduced[1:])})
+    grad_norms = []
+    for mbs in minis:
+        n_tok = sum(int(mb["loss_mask"].sum()) for mb in mbs if mb is not None)
+        global_tokens = all_reduce([n_tok])[0]
+        opt.zero_grad(set_to_none=True)
+        for mb in mbs:
+            if mb is None:
+                (empty_forward(model, pad_id) * world).backward()
+                continue
+            logp = forward_logprobs(model, mb, temp)
+            if not cfg.algo.decoupled:  # plain PPO: the clip is centred on the behaviour policy
+                prox = mb["behavior_logprobs"]
+            else:
+                prox = mb.get("proximal_logprobs", logp.detach())
+            loss, stats = decoupled_ppo_loss(
+                logp, prox, mb["behavior_logprobs"], mb["advantages"], mb["loss_mask"],
+                eps_clip=cfg.algo.eps_clip, eps_clip_high=cfg.algo.eps_clip_high,
+                dual_clip=cfg.algo.dual_clip, behav_imp_weight_cap=cfg.algo.behav_imp_weight_cap,
+                normalizer=global_tokens)
+            # FSDP averages gradients over ranks; the loss is already a global token mean.
+            (loss * world).backward()
+            w = float(stats["n_tokens"])
+            sums["loss"] = sums.get("loss", 0.0) + loss.item() / len(minis)
+            sums["n_tokens"] = sums.get("n_tokens", 0.0) + w
+            for key in ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"):
+                sums[key] = sums.get(key, 0.0) + float(stats[key]) * w
+            sums["behav_weight_max"] = max(sums.get("behav_weight_max", 0.0),
+                                           float(stats["behav_weight_max"]))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.algo.max_grad_norm)
+        grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+        opt.step()
+    keys = ["loss", "n_tokens", "clip_frac", "behav_weight_mean", "capped_frac", "approx_kl"]
+    reduced = dict(zip(keys, all_reduce([sums.get(k, 0.0) for k in keys])))
+    out = {"loss": reduced["loss"]}
+    out.update({k: reduced[k] / max(reduced["n_tokens"], 1.0) for k in keys[2:]})
     out["behav_weight_max"] = all_reduce([sums.get("behav_weight_max", 0.0)], dist.ReduceOp.MAX)[0]
-    out.update({"grad_norm": grad_norm, "n_microbatches": len(mbs), "prox_s": prox_s,
-                "train_s": time.perf_counter() - t0})
+    out.update({"grad_norm": max(grad_norms), "n_microbatches": sum(len(m) for m in minis),
+                "prox_s": prox_s, "train_s": time.perf_counter() - t0})
     return out
 
 

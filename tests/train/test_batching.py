@@ -42,3 +42,34 @@ def test_packed_and_padded_steps_give_the_same_update(random_model_dir):
     (s_pack, w_pack), (s_pad, w_pad) = results
     assert abs(s_pack["loss"] - s_pad["loss"]) < 1e-5
     assert all(torch.allclose(w_pack[k], w_pad[k], atol=1e-5) for k in w_pack)
+
+
+def test_one_minibatch_uses_the_loss_forward_as_pi_prox_exactly(random_model_dir):
+    """With one optimizer step per batch, pi_prox == the weights of the loss forward:
+    the step's loss equals one computed with a separate no-grad proximal pass."""
+    from areal_ray.algo.loss import decoupled_ppo_loss
+    from areal_ray.algo.packing import pack, packed_token_logprobs
+
+    seqs = [dict(s, ticket=0) for s in make_seqs(4)]
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    mb = pack(seqs)
+    with torch.no_grad():
+        prox = packed_token_logprobs(model, mb)
+        expected, _ = decoupled_ppo_loss(prox, prox, mb["behavior_logprobs"], mb["advantages"],
+                                         mb["loss_mask"], behav_imp_weight_cap=5.0)
+    cfg = load_config(None, ["algo.ppo_minibatches=1"])
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), seqs, cfg, pad_id=0)
+    assert abs(stats["loss"] - expected.item()) < 1e-6
+    assert len(forwards) == stats["n_microbatches"] == 1  # no separate proximal pass
+
+
+def test_several_minibatches_recompute_pi_prox_and_step_each(random_model_dir):
+    seqs = [dict(s, ticket=t) for t in range(4) for s in make_seqs(2, seed=t)]
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = load_config(None, ["algo.ppo_minibatches=2", "algo.batch_groups=4"])
+    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=1e-1), seqs, cfg, pad_id=0)
+    assert stats["approx_kl"] > 0  # the 2nd minibatch ran on updated weights vs pi_prox
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
