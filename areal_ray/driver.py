@@ -41,8 +41,6 @@ class Driver:
         self._cond: asyncio.Condition | None = None
         self._latest: tuple[int, list | None] = (0, None)  # (version, [weights ref])
         self._replicas: dict[str, int] = {}  # replica id -> version it has loaded
-        self._pushes: list[dict] = []
-        self._admitted: dict[int, int] = {}  # ticket -> version at admission
         self._steps: list[dict] = []
 
     def _c(self) -> asyncio.Condition:
@@ -59,7 +57,6 @@ class Driver:
                     return None
                 ticket = self.gate.try_acquire()
                 if ticket is not None:
-                    self._admitted[ticket] = self.gate.state.version
                     return ticket, self.gate.state.version
                 await self._c().wait()
 
@@ -131,16 +128,11 @@ class Driver:
                     self._replicas.pop(r)
             self.gate.set_version(version)
             self._c().notify_all()
-        rec = {"version": version, "push_s": time.perf_counter() - t0,
-               "replicas": len(self._replicas), "dropped": dropped}
-        self._pushes.append(rec)
-        return rec
+        return {"version": version, "push_s": time.perf_counter() - t0,
+                "replicas": len(self._replicas), "dropped": dropped}
 
     def replicas(self) -> dict[str, int]:
         return dict(self._replicas)
-
-    def admissions(self) -> dict[int, int]:
-        return dict(self._admitted)
 
     # ------------------------------------------------------------ step records
     def record_step(self, record: dict) -> None:

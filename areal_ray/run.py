@@ -175,8 +175,7 @@ def run_training(cfg: Config) -> dict:
 
 
 def save_final_model(driver, model_path: str, out: Path) -> Path:
-    versions = ray.get(driver.latest_weights.remote())
-    version, weights = versions
+    _, weights = ray.get(driver.latest_weights.remote())
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
     if weights is not None:
         model.load_state_dict(ray.get(weights[0]), strict=False)

@@ -12,6 +12,21 @@ from __future__ import annotations
 import torch
 
 
+TARGETS = ("loss_mask", "behavior_logprobs", "advantages", "versions")
+
+
+def write_targets(row: dict[str, torch.Tensor], start: int, seq: dict) -> None:
+    """Fill the per-token targets of one sequence that begins at `start` in `row`
+    (1-D tensors keyed by TARGETS): its output tokens are predicted at positions
+    start + len(prompt) - 1 onwards. Shared by the padded and the packed layouts."""
+    p, o = len(seq["prompt_ids"]), len(seq["output_ids"])
+    sl = slice(start + p - 1, start + p - 1 + o)
+    row["loss_mask"][sl] = True
+    row["behavior_logprobs"][sl] = torch.tensor(seq["logprobs"], dtype=torch.float32)
+    row["advantages"][sl] = float(seq["advantage"])
+    row["versions"][sl] = torch.tensor(seq["versions"], dtype=torch.long)
+
+
 def pad_batch(seqs: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """seqs: dicts with prompt_ids, output_ids, logprobs, versions, advantage."""
     width = max(len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)
@@ -28,11 +43,7 @@ def pad_batch(seqs: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
         p, o = len(s["prompt_ids"]), len(s["output_ids"])
         out["input_ids"][i, : p + o] = torch.tensor(s["prompt_ids"] + s["output_ids"])
         out["attention_mask"][i, : p + o] = 1
-        sl = slice(p - 1, p - 1 + o)
-        out["loss_mask"][i, sl] = True
-        out["behavior_logprobs"][i, sl] = torch.tensor(s["logprobs"], dtype=torch.float32)
-        out["advantages"][i, sl] = float(s["advantage"])
-        out["versions"][i, sl] = torch.tensor(s["versions"], dtype=torch.long)
+        write_targets({k: out[k][i] for k in TARGETS}, 0, s)
     return out
 
 

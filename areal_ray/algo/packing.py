@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from areal_ray.algo.logprobs import write_targets
+
 
 def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
     """seqs: dicts with prompt_ids, output_ids, logprobs, versions, advantage."""
@@ -40,12 +42,7 @@ def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
     }
     start = 0
     for s, n in zip(seqs, lens):
-        p, o = len(s["prompt_ids"]), len(s["output_ids"])
-        sl = slice(start + p - 1, start + p - 1 + o)
-        out["loss_mask"][sl] = True
-        out["behavior_logprobs"][sl] = torch.tensor(s["logprobs"], dtype=torch.float32)
-        out["advantages"][sl] = float(s["advantage"])
-        out["versions"][sl] = torch.tensor(s["versions"], dtype=torch.long)
+        write_targets(out, start, s)
         start += n
     if build_mask:
         same = out["seq_ids"][:, None] == out["seq_ids"][None, :]
