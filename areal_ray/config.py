@@ -12,9 +12,12 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
-
-from areal_ray.algo.advantages import ESTIMATORS
 from omegaconf.errors import OmegaConfBaseException
+
+from areal_ray.algo.advantages import ADV_NORMS, ESTIMATORS
+from areal_ray.algo.kl import KL_ESTIMATORS
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def opt(default: Any, help: str):  # noqa: A002 - "help" reads best at the call sites
@@ -25,6 +28,7 @@ def opt(default: Any, help: str):  # noqa: A002 - "help" reads best at the call 
 class ModelConfig:
     path: str = opt("artifacts/tiny", "HF model directory (config, weights, tokenizer) to train")
     dtype: str = opt("float32", "parameter dtype for training and rollout")
+    attn_implementation: str = opt("", "trainer attention kernel, e.g. flash_attention_2 on GPUs (packed micro-batches then use varlen kernels); empty: transformers' default")
 
 
 @dataclass
@@ -74,7 +78,20 @@ class AlgoConfig:
     dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1; null: off")
     behav_imp_weight_cap: Optional[float] = opt(5.0, "mask tokens whose pi_prox/pi_behav exceeds this; null: no cap")
     decoupled: bool = opt(True, "decoupled PPO (recomputed proximal policy); false: plain PPO on behaviour logprobs")
-    adv_estimator: str = opt("grpo", "advantages: grpo (group mean/std), dr_grpo (group mean), rloo (leave-one-out)")
+    adv_estimator: str = opt("grpo", "advantages: grpo (group mean/std), dr_grpo (group mean), rloo (leave-one-out), gae (PPO with a critic)")
+    adv_norm: str = opt("none", "extra advantage normalisation after the estimator: none | batch (mean/std over the batch's tokens)")
+    importance_level: str = opt("token", "PPO ratio per token, or per sequence (GSPO: geometric mean over the sequence)")
+    prox_logp: str = opt("recompute", "proximal logprobs with several minibatches: recompute (a no-grad forward) | loglinear (AReaL's approximation)")
+    kl_coef: float = opt(0.0, "weight of a KL(pi_theta || pi_ref) loss term against the initial model; 0: no reference model")
+    kl_estimator: str = opt("k3", "KL estimator for kl_coef: k1 | k2 | k3")
+    gamma: float = opt(1.0, "GAE discount (adv_estimator=gae)")
+    gae_lambda: float = opt(1.0, "GAE lambda (adv_estimator=gae)")
+    critic_lr: float = opt(1e-4, "critic AdamW learning rate (adv_estimator=gae)")
+    value_clip: Optional[float] = opt(0.2, "critic value clipping around the old values; null: off")
+    dynamic_filter: bool = opt(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and roll out replacements")
+    filter_prompt_factor: float = opt(4.0, "with dynamic_filter: prompts supplied per trained group")
+    lr_warmup_steps: int = opt(0, "linear learning-rate warm-up steps")
+    lr_schedule: str = opt("constant", "after warm-up: constant | linear | cosine (decay to 0 at train.steps)")
     reward_bias: float = opt(0.0, "reward transform r' = clip((r + bias) * scale)")
     reward_scale: float = opt(1.0, "reward transform scale")
     reward_clip: Optional[float] = opt(None, "reward transform clip |r'| <= clip; null: none")
@@ -92,6 +109,8 @@ class TrainConfig:
     steps: int = opt(30, "training steps (each one weight version)")
     seed: int = opt(0, "torch seed of the trainer")
     torch_threads: int = opt(1, "torch intra-op threads per trainer worker")
+    checkpoint_every: int = opt(0, "save a resume checkpoint every N steps (HF model + optimizer + data position); 0: never")
+    max_failures: int = opt(0, "Ray Train restarts of the trainer after a worker failure (from the last checkpoint)")
 
 
 @dataclass
@@ -105,6 +124,7 @@ class RunConfig:
     eval_before: bool = opt(True, "greedy eval on the held-out split before training")
     eval_after: bool = opt(True, "greedy eval on the held-out split after training")
     push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
+    resume: bool = opt(False, "continue the run in run.run_dir from its last checkpoint")
 
 
 @dataclass
@@ -139,10 +159,25 @@ def validate(cfg: Config) -> Config:
         (cfg.train.steps >= 1, "train.steps must be >= 1"),
         (cfg.rollout.backend in ("hf",), f"rollout.backend {cfg.rollout.backend!r} is not one of: hf"),
         (cfg.algo.dual_clip is None or cfg.algo.dual_clip > 1, "algo.dual_clip must be > 1 or null"),
-        (cfg.algo.adv_estimator in ESTIMATORS,
-         f"algo.adv_estimator {cfg.algo.adv_estimator!r} is not one of {ESTIMATORS}"),
+        (cfg.algo.adv_estimator in ESTIMATORS + ("gae",),
+         f"algo.adv_estimator {cfg.algo.adv_estimator!r} is not one of {ESTIMATORS + ('gae',)}"),
         (0 <= cfg.algo.overlong_tokens < cfg.rollout.max_new_tokens,
          "algo.overlong_tokens must be in [0, rollout.max_new_tokens)"),
+        (cfg.algo.adv_norm in ADV_NORMS, f"algo.adv_norm {cfg.algo.adv_norm!r} is not one of {ADV_NORMS}"),
+        (cfg.algo.importance_level in ("token", "sequence"),
+         f"algo.importance_level {cfg.algo.importance_level!r} is not one of ('token', 'sequence')"),
+        (cfg.algo.prox_logp in ("recompute", "loglinear"),
+         f"algo.prox_logp {cfg.algo.prox_logp!r} is not one of ('recompute', 'loglinear')"),
+        (cfg.algo.kl_coef >= 0, "algo.kl_coef must be >= 0"),
+        (cfg.algo.kl_estimator in KL_ESTIMATORS,
+         f"algo.kl_estimator {cfg.algo.kl_estimator!r} is not one of {KL_ESTIMATORS}"),
+        (cfg.algo.filter_prompt_factor >= 1, "algo.filter_prompt_factor must be >= 1"),
+        (cfg.algo.lr_schedule in LR_SCHEDULES,
+         f"algo.lr_schedule {cfg.algo.lr_schedule!r} is not one of {LR_SCHEDULES}"),
+        (cfg.algo.lr_warmup_steps >= 0, "algo.lr_warmup_steps must be >= 0"),
+        (cfg.train.checkpoint_every >= 0, "train.checkpoint_every must be >= 0"),
+        (cfg.train.max_failures >= 0, "train.max_failures must be >= 0"),
+        (not cfg.run.resume or cfg.run.run_dir, "run.resume needs run.run_dir (the run to continue)"),
     ]
     for ok, msg in checks:
         if not ok:

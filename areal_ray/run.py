@@ -10,6 +10,7 @@ the cluster is touched, so bad input fails in seconds with a message naming it.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -19,21 +20,23 @@ from pathlib import Path
 import ray
 from ray import serve
 from ray.data import DataContext
-from ray.train import DataConfig, RunConfig, ScalingConfig
+from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from areal_ray.config import Config
-from areal_ray.data.pipeline import build_pipeline
+from areal_ray.config import Config, ConfigError
+from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_rows
 from areal_ray.driver import Driver
 from areal_ray.eval import evaluate
-from areal_ray.tracking import RunTracker
+from areal_ray.tracking import RunTracker, lineage, read_events
+from areal_ray.train.checkpoint import save_hf
 from areal_ray.train.loop import train_loop_per_worker
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL = "artifacts/tiny"
+TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
 
 
 def resolve_model(path: str) -> str:
@@ -74,21 +77,32 @@ def init_ray(cfg: Config) -> None:
 
 
 class StepTail:
-    """Polls the driver for step records and hands them to the tracker as they land."""
+    """Polls the driver for step records and restore events and hands them to the
+    tracker as they land; `stop()` returns the surviving step records (`lineage`),
+    including those of earlier jobs of a resumed run (`prior`)."""
 
-    def __init__(self, driver, tracker: RunTracker, period_s: float = 0.5):
+    def __init__(self, driver, tracker: RunTracker, prior: list[dict] = (), period_s: float = 0.5):
         self.driver, self.tracker, self.period_s = driver, tracker, period_s
-        self.records: list[dict] = []
+        self.events: list[dict] = list(prior)
+        self.start_version: int | None = None  # where this job's trainer started
+        self._seen = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _pull(self) -> None:
-        for rec in ray.get(self.driver.steps.remote(len(self.records))):
-            prev = self.records[-1]["time_s"] if self.records else 0.0
-            rec["step_s"] = rec["time_s"] - prev
-            self.records.append(rec)
-            self.tracker.log_step(rec)
+        for ev in ray.get(self.driver.steps.remote(self._seen)):
+            self._seen += 1
+            if ev.get("event") == "restore":
+                if self.start_version is None:
+                    self.start_version = ev["version"]
+                if ev["version"] == 0 and not self.events:
+                    continue  # a fresh start, nothing to roll back
+                self.events.append(ev)
+                self.tracker.log_restore(ev)
+            else:
+                self.events.append(ev)
+                self.tracker.log_step(ev)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -98,17 +112,35 @@ class StepTail:
         self._stop.set()
         self._thread.join()
         self._pull()
-        return self.records
+        return lineage(self.events)
+
+
+def checkpoints_in(run_dir: Path) -> list[Path]:
+    return sorted(p for p in (run_dir / TRAIN_DIR).glob("checkpoint_*") if p.is_dir())
+
+
+def prompt_count(cfg: Config) -> int:
+    """Prompts the pipeline needs: one per trained group, more when the dynamic filter
+    may drop some (`algo.filter_prompt_factor` per trained group)."""
+    n = cfg.train.steps * cfg.algo.batch_groups
+    return math.ceil(n * cfg.algo.filter_prompt_factor) if cfg.algo.dynamic_filter else n
 
 
 def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
-    prompts = train_rows(cfg.task, cfg.train.steps * cfg.algo.batch_groups)
+    prompts = train_rows(cfg.task, prompt_count(cfg))
     held_out = eval_rows(cfg.task)
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
+    resume = cfg.run.resume
+    if resume and not checkpoints_in(run_dir):
+        raise ConfigError(f"run.resume: {run_dir} has no checkpoint to resume from "
+                          "(train.checkpoint_every must be > 0 in the run to resume)")
+    if not resume and checkpoints_in(run_dir):
+        raise ConfigError(f"{run_dir} already holds checkpoints of a run: pass run.resume=true "
+                          "to continue it, or choose another run.run_dir")
     init_ray(cfg)
-    tracker = RunTracker(cfg, run_dir)
+    tracker = RunTracker(cfg, run_dir, resume=resume)
     print(f"[areal-ray] run dir {run_dir}  mlflow run {tracker.run_id}", flush=True)
     tag = uuid.uuid4().hex[:8]
     namespace = ray.get_runtime_context().namespace
@@ -126,23 +158,29 @@ def run_training(cfg: Config) -> dict:
             max_batch_size=cfg.rollout.max_batch_size, num_cpus=cfg.rollout.num_cpus,
             dtype=cfg.model.dtype, torch_threads=cfg.rollout.torch_threads),
             name=app_name, route_prefix=None)
+        # A resumed run's "before" was measured by the job that started it.
         before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens) \
-            if cfg.run.eval_before else None
+            if cfg.run.eval_before and not resume else None
         if before:
             print(f"[areal-ray] eval before: accuracy {before['accuracy']:.3f} (n={before['n']})", flush=True)
 
         DataContext.get_current().enable_progress_bars = False  # one line per step instead
-        ds = build_pipeline(prompts, cfg, model_path, driver_name, namespace, app_name, DEPLOYMENT_NAME)
+        pipeline = PipelineFactory(prompts, cfg, model_path, driver_name, namespace, app_name,
+                                   DEPLOYMENT_NAME)
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"cfg": cfg, "driver_name": driver_name, "namespace": namespace,
-                               "model_path": model_path},
+                               "model_path": model_path, "checkpoint_root": str(run_dir / TRAIN_DIR)},
             scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=False,
                                          resources_per_worker={"CPU": cfg.train.num_cpus_per_worker}),
-            datasets={"train": ds},
+            datasets={"train": pipeline},
             dataset_config=DataConfig(enable_shard_locality=False),
-            run_config=RunConfig(name=f"train-{tag}", storage_path=str(run_dir / "ray_train")))
-        tail = StepTail(driver, tracker)
+            # A fixed name under the run dir: a new job with the same run dir (run.resume)
+            # finds the checkpoints, and Ray Train hands the latest to the workers.
+            run_config=RunConfig(name=TRAIN_DIR, storage_path=str(run_dir),
+                                 failure_config=FailureConfig(max_failures=cfg.train.max_failures)))
+        prior = lineage(read_events(tracker.steps_path)) if resume else []
+        tail = StepTail(driver, tracker, prior=prior)
         t_train = time.time()
         try:
             trainer.fit()
@@ -155,7 +193,8 @@ def run_training(cfg: Config) -> dict:
         if after:
             print(f"[areal-ray] eval after: accuracy {after['accuracy']:.3f} (n={after['n']})", flush=True)
         final_dir = save_final_model(driver, model_path, run_dir / "final_model")
-        summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start)
+        n_prior = sum(r["version"] <= (tail.start_version or 0) for r in steps)
+        summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start, n_prior)
         summary.update({"run_dir": str(run_dir), "final_model": str(final_dir),
                         "mlflow_run_id": tracker.run_id})
         tracker.finish(summary)
@@ -176,24 +215,25 @@ def run_training(cfg: Config) -> dict:
 
 def save_final_model(driver, model_path: str, out: Path) -> Path:
     _, weights = ray.get(driver.latest_weights.remote())
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    if weights is not None:
-        model.load_state_dict(ray.get(weights[0]), strict=False)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(str(out))
-    return out
+    if weights is None:  # nothing was trained: the initial model
+        weights = [ray.put(AutoModelForCausalLM.from_pretrained(model_path).state_dict())]
+    return save_hf(ray.get(weights[0]), model_path, out)
 
 
-def summarize(cfg: Config, steps: list[dict], before, after, train_s: float, wall_s: float) -> dict:
+def summarize(cfg: Config, steps: list[dict], before, after, train_s: float, wall_s: float,
+              n_prior: int = 0) -> dict:
+    """`steps`: the run's surviving step records; the first `n_prior` of them came from
+    earlier jobs of a resumed run and do not count towards this job's throughput."""
     n_samples = sum(s["n_samples"] for s in steps)
     n_tokens = sum(s["n_tokens"] for s in steps)
+    mine = steps[n_prior:]
     return {
-        "steps": len(steps), "eta": cfg.algo.eta,
+        "steps": len(steps), "eta": cfg.algo.eta, "resumed_at_step": n_prior or None,
         "eval_accuracy_before": before["accuracy"] if before else None,
         "eval_accuracy_after": after["accuracy"] if after else None,
         "wall_s": wall_s, "train_s": train_s,
-        "samples_per_s": n_samples / train_s if train_s else 0.0,
-        "tokens_per_s": n_tokens / train_s if train_s else 0.0,
+        "samples_per_s": sum(s["n_samples"] for s in mine) / train_s if train_s else 0.0,
+        "tokens_per_s": sum(s["n_tokens"] for s in mine) / train_s if train_s else 0.0,
         "max_staleness": max((s["staleness_max"] for s in steps), default=0),
         "mean_staleness": sum(s["staleness_mean"] for s in steps) / max(len(steps), 1),
         "reward_first": steps[0]["reward_mean"] if steps else None,

@@ -38,13 +38,35 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def lineage(events: list[dict]) -> list[dict]:
+    """The step records that survive: a restore to version v discards the records of
+    later versions (their training was lost with the trainer that did it)."""
+    out: list[dict] = []
+    for e in events:
+        if e.get("event") == "restore":
+            out = [r for r in out if r["version"] <= e["version"]]
+        else:
+            out.append(e)
+    return out
+
+
+def read_events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+        if path.exists() else []
+
+
 class RunTracker:
-    def __init__(self, cfg: Config, run_dir: Path):
+    """steps.jsonl is the run's log: step records, and a restore marker each time the
+    trainer restarts from a checkpoint (steps after it may appear twice; `lineage`
+    gives the surviving ones). A resumed run appends to it and to the same MLflow run."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False):
         self.cfg = cfg
         self.run_dir = run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_path = run_dir / "steps.jsonl"
-        self.steps_path.write_text("")
+        if not resume:
+            self.steps_path.write_text("")
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
         uri = cfg.run.mlflow_tracking_uri or default_tracking_uri()
         mlflow.set_tracking_uri(uri)
@@ -55,11 +77,17 @@ class RunTracker:
                 artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
             mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
         mlflow.set_experiment(cfg.run.mlflow_experiment)
-        self.run = mlflow.start_run(run_name=cfg.run.name)
+        id_file = run_dir / "mlflow_run_id"
+        if resume and id_file.exists():  # params are immutable in MLflow: keep the first ones
+            self.run = mlflow.start_run(run_id=id_file.read_text().strip())
+            mlflow.set_tag("resumed", "true")
+        else:
+            self.run = mlflow.start_run(run_name=cfg.run.name)
+            mlflow.log_params(_flatten(to_dict(cfg)))
+            id_file.write_text(self.run.info.run_id)
         # Step metrics arrive on the tailing thread, where mlflow's (thread-local) active
         # run is not set: log through a client with the explicit run id.
         self.client = mlflow.MlflowClient(tracking_uri=uri)
-        mlflow.log_params(_flatten(to_dict(cfg)))
         mlflow.set_tag("run_dir", str(run_dir))
         self.n_steps = 0
         self.recent_step_s: list[float] = []
@@ -67,6 +95,13 @@ class RunTracker:
     @property
     def run_id(self) -> str:
         return self.run.info.run_id
+
+    def log_restore(self, event: dict) -> None:
+        with self.steps_path.open("a") as f:
+            f.write(json.dumps(event) + "\n")
+        self.n_steps = event["version"]
+        print(f"[areal-ray] trainer (re)started from the checkpoint at version {event['version']}",
+              flush=True)
 
     def log_step(self, rec: dict) -> None:
         with self.steps_path.open("a") as f:

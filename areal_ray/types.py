@@ -48,6 +48,7 @@ class Group:
     verifier: str
     admitted_version: int
     samples: list[Sample] = field(default_factory=list)
+    pos: int = -1  # the prompt's position in the run's prompt stream (resume skips consumed ones)
     meta: dict = field(default_factory=dict)
 
     def to_row(self) -> dict:

@@ -3,7 +3,8 @@
 Each replica registers with the run's driver actor before it serves anything and
 loads the latest pushed weights, so a replica added by autoscaling (or restarted)
 never generates with stale weights. A background task then long-polls the driver for
-new versions: on each one it aborts in-flight generation (the engine returns partial
+new publications (a new version, or a rollback after a trainer restart): on each one
+it aborts in-flight generation (the engine returns partial
 outputs, which clients resubmit), loads the weights and acks the version.
 
 Without a driver (`driver_name=""`) the app serves the model's weights from disk at
@@ -37,24 +38,24 @@ class RolloutServer:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.driver = ray.get_actor(driver_name, namespace=namespace) if driver_name else None
         self._watcher = None
+        self.serial = 0  # the driver's publication this replica serves (0: from disk)
         if self.driver is not None:
-            version, weights = await self.driver.register_replica.remote(self.replica_id)
-            await self._load(version, weights)
+            await self._load(*await self.driver.register_replica.remote(self.replica_id))
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-    async def _load(self, version: int, weights: list | None) -> None:
+    async def _load(self, serial: int, version: int, weights: list | None) -> None:
         if weights is not None:
             state_dict = await weights[0]
             await self.engine.update_weights(state_dict, version)
         else:
             self.engine.version = version
-        await self.driver.ack.remote(self.replica_id, version)
+        self.serial = serial
+        await self.driver.ack.remote(self.replica_id, serial)
 
     async def _watch(self) -> None:
         while True:
             try:
-                got = await self.driver.wait_for_weights.remote(
-                    self.replica_id, self.engine.get_version(), 30.0)
+                got = await self.driver.wait_for_weights.remote(self.replica_id, self.serial, 30.0)
                 if got is not None:
                     await self._load(*got)
             except asyncio.CancelledError:

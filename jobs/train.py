@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from areal_ray.run import run_training  # heavy imports only after the config is valid
+    from areal_ray.run import (
+        run_training,  # heavy imports only after the config is valid
+    )
     run_training(cfg)
     return 0
 

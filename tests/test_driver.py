@@ -24,15 +24,53 @@ def test_acquire_waits_for_a_push_and_close_releases_waiters(ray_cluster):
 
 def test_push_waits_for_acks_and_drops_a_silent_replica(ray_cluster):
     d = Driver.remote(eta=1, batch_groups=1, push_timeout_s=1.0)
-    assert ray.get(d.register_replica.remote("a")) == (0, None)
+    assert ray.get(d.register_replica.remote("a")) == (0, 0, None)
     ray.get(d.register_replica.remote("b"))
     ray.get([d.ack.remote("a", 0), d.ack.remote("b", 0)])
     push = d.push_weights.remote(1, [ray.put({"w": 2})])
-    version, weights = ray.get(d.wait_for_weights.remote("a", 0, 5.0))
-    assert version == 1 and ray.get(weights[0]) == {"w": 2}
-    ray.get(d.ack.remote("a", 1))  # "b" never acks
+    serial, version, weights = ray.get(d.wait_for_weights.remote("a", 0, 5.0))
+    assert (serial, version) == (1, 1) and ray.get(weights[0]) == {"w": 2}
+    ray.get(d.ack.remote("a", serial))  # "b" never acks
     rec = ray.get(push, timeout=10)
     assert rec["dropped"] == ["b"] and ray.get(d.version.remote()) == 1
     assert ray.get(d.replicas.remote()) == {"a": 1}
     # a replica that registers later gets the latest weights at once
-    assert ray.get(d.register_replica.remote("c"))[0] == 1
+    assert ray.get(d.register_replica.remote("c"))[:2] == (1, 1)
+
+
+def test_new_generation_pauses_until_restore_which_rolls_weights_back(ray_cluster):
+    """A trainer restart: the old pipeline's calls become no-ops, admissions wait for
+    restore(), a rollback to an older version is a new publication replicas must load,
+    and consumed prompt positions are skipped."""
+    d = Driver.remote(eta=0, batch_groups=2, push_timeout_s=10.0)
+    ray.get(d.register_replica.remote("a"))
+    ray.get(d.ack.remote("a", 0))
+    assert [ray.get(d.acquire.remote(p)) for p in (0, 1)] == [(0, 0), (1, 0)]
+    ray.get(d.finish.remote()), ray.get(d.finish.remote())
+    pushed = d.push_weights.remote(1, [ray.put({"w": 1})])
+    ray.get(d.ack.remote("a", 1))
+    ray.get(pushed)
+
+    gen = ray.get(d.begin_generation.remote())
+    assert ray.get(d.acquire.remote(2, 0)) is None  # the old pipeline is cut off
+    waiting = d.acquire.remote(2, gen)
+    assert not ray.wait([waiting], timeout=0.5)[0]  # paused until restore
+    restored = d.restore.remote(0, 0, 0, [0], [ray.put({"w": 0})])  # roll back to version 0
+    serial, version, weights = ray.get(d.wait_for_weights.remote("a", 1, 5.0))
+    assert (serial, version) == (2, 0) and ray.get(weights[0]) == {"w": 0}
+    assert not ray.wait([restored], timeout=0.3)[0]  # waits for the replica's ack
+    ray.get(d.ack.remote("a", serial))
+    assert ray.get(restored, timeout=10)["published"]
+    assert ray.get(waiting, timeout=10) == (0, 0)  # tickets restart at the checkpoint's
+    assert ray.get(d.acquire.remote(0, gen)) is None  # position 0 was consumed
+    assert ray.get(d.steps.remote())[-1] == {"event": "restore", "version": 0}
+
+
+def test_rejected_groups_free_their_slots(ray_cluster):
+    d = Driver.remote(eta=0, batch_groups=1)
+    assert ray.get(d.acquire.remote()) == (0, 0)
+    ray.get(d.finish.remote())
+    blocked = d.acquire.remote()
+    assert not ray.wait([blocked], timeout=0.3)[0]
+    ray.get(d.reject.remote(1))
+    assert ray.get(blocked, timeout=10) == (1, 0)

@@ -11,6 +11,11 @@ broadcasts to every generated token of a sample:
 A group in which every sample got the same reward carries no signal: A = 0 for all
 three. `shape_rewards` applies AReaL's reward transform (bias, scale, clip) and DAPO's
 overlong penalty before any estimator; `informative_groups` is DAPO's dynamic filter.
+
+`normalize` is the batch-level advantage normalisation applied after the estimator
+(AReaL's `adv_norm`, used by its GRPO recipe and the paper): it fixes the scale of the
+policy gradient across steps whatever the reward scale and the share of solved groups.
+It works on any shape (per-sample [n_groups, group_size] or per-token with a mask).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import torch
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+ADV_NORMS = ("none", "batch")
 
 
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-5,
@@ -52,6 +58,32 @@ def advantages(rewards: torch.Tensor, estimator: str = "grpo") -> torch.Tensor:
     if estimator == "rloo":
         return rloo_advantages(rewards)
     raise ValueError(f"unknown advantage estimator {estimator!r}; one of {ESTIMATORS}")
+
+
+def moments(adv: torch.Tensor, mask: torch.Tensor | None = None) -> list[float]:
+    """[count, sum, sum of squares] of the entries in `mask` (all when None): the
+    statistics a data-parallel trainer all-reduces to normalise over the whole batch."""
+    a = adv.double()
+    keep = torch.ones_like(a, dtype=torch.bool) if mask is None else mask.bool()
+    if keep.shape != a.shape:
+        raise ValueError(f"normalize: mask {tuple(keep.shape)} != adv {tuple(a.shape)}")
+    vals = a[keep]
+    return [float(vals.numel()), float(vals.sum()), float((vals * vals).sum())]
+
+
+def normalize(adv: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-5,
+              stats: list[float] | None = None) -> torch.Tensor:
+    """(adv - mean) / (std + eps) over the entries in `mask` (all when None), with the
+    unbiased std; entries outside the mask are 0 (padding must add no gradient).
+    `stats`: `moments` of the whole batch when `adv` is only part of it."""
+    n, total, sq = stats if stats is not None else moments(adv, mask)
+    keep = torch.ones_like(adv, dtype=torch.bool) if mask is None else mask.bool()
+    if n == 0:
+        return torch.zeros_like(adv, dtype=torch.float32)
+    mean = total / n
+    # One entry has no spread (the unbiased std would be NaN): centre only.
+    std = max(sq - n * mean * mean, 0.0) / (n - 1) if n > 1 else 0.0
+    return torch.where(keep, (adv.float() - mean) / (std ** 0.5 + eps), 0.0)
 
 
 def shape_rewards(rewards: torch.Tensor, bias: float = 0.0, scale: float = 1.0,

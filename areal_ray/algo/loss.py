@@ -11,17 +11,73 @@ Unlike AReaL's current default, the behaviour weight is *always* applied: droppi
 silently turns the objective into something else. Tokens whose weight exceeds
 `behav_imp_weight_cap` are masked out, but still counted in the denominator, so the
 cap never changes the scale of the loss.
+
+Two options change the objective, both off by default:
+* `level="sequence"` (GSPO): the clipped ratio and the advantage are per sequence
+  (`algo.gspo`); the behaviour weight stays per token, since staleness is per token.
+* `kl_coef > 0`: a penalty towards a reference model (`algo.kl`) on every masked
+  token. It is not subject to the behaviour cap: the cap guards the off-policy
+  correction, while the KL term only asks pi_theta to stay near pi_ref.
 """
 
 from __future__ import annotations
 
 import torch
 
+from areal_ray.algo.gspo import sequence_mean
+from areal_ray.algo.kl import KL_ESTIMATORS, kl_estimate
+
+LEVELS = ("token", "sequence")
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `x` over `mask`; 0 where the mask is empty (no NaN from 0/0)."""
     mask = mask.to(x.dtype)
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _check_args(tensors: dict[str, torch.Tensor | None], dual_clip: float | None,
+                level: str, kl_coef: float, kl_estimator: str) -> None:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items() if v is not None}
+    if len(set(shapes.values())) > 1:
+        raise ValueError("decoupled_ppo_loss: shapes differ: "
+                         + ", ".join(f"{k} {s}" for k, s in shapes.items()))
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    if level not in LEVELS:
+        raise ValueError(f"unknown importance-sampling level {level!r}; one of {LEVELS}")
+    if level == "sequence" and tensors["seq_ids"] is None:
+        raise ValueError("level='sequence' (GSPO) needs seq_ids")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and tensors["ref_logprobs"] is None:
+        # Silently skipping the penalty would train a different objective.
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {kl_estimator!r}; one of {KL_ESTIMATORS}")
+
+
+def _log_ratio_and_adv(logprobs: torch.Tensor, proximal_logprobs: torch.Tensor,
+                       advantages: torch.Tensor, mask: torch.Tensor, level: str,
+                       seq_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """log(pi_theta / pi_prox) and advantages as the surrogate sees them: per token,
+    or (GSPO) each token carrying its sequence's mean of both."""
+    # fp32, masked positions zeroed: padding never produces inf/NaN in gradients.
+    log_ratio = torch.where(mask, logprobs.float() - proximal_logprobs.float(), 0.0)
+    adv = torch.where(mask, advantages.float(), 0.0)
+    if level == "sequence":
+        return sequence_mean(log_ratio, seq_ids, mask), sequence_mean(adv, seq_ids, mask)
+    return log_ratio, adv
+
+
+def _kl_term(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
+             mask: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """Per-token KL(pi_theta || pi_ref) estimate on masked tokens (0 elsewhere)."""
+    if ref_logprobs is None:
+        return None
+    kl = kl_estimate(torch.where(mask, logprobs.float(), 0.0),
+                     torch.where(mask, ref_logprobs.float(), 0.0), kind)
+    return torch.where(mask, kl, 0.0)
 
 
 def decoupled_ppo_loss(
@@ -35,41 +91,41 @@ def decoupled_ppo_loss(
     dual_clip: float | None = None,
     behav_imp_weight_cap: float | None = None,
     normalizer: float | torch.Tensor | None = None,
+    *,
+    level: str = "token",
+    seq_ids: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-level decoupled PPO loss.
+    """Decoupled PPO loss, token- or sequence-level (GSPO), with an optional KL penalty.
 
     All tensors share one shape (e.g. [batch, seq] or a packed [tokens]); `advantages`
-    are per token. `loss_mask` marks the generated tokens that count.
+    are per token. `loss_mask` marks the generated tokens that count. `seq_ids` (the
+    micro-batch target of that name) is required for `level="sequence"`;
+    `ref_logprobs` for `kl_coef > 0`.
 
     `normalizer`: the denominator of the token mean. None means this call's own
     masked token count. A trainer that splits a step into micro-batches (and ranks)
     passes the step's global masked-token count, so that summing the micro-batch
-    losses gives one token mean over the whole batch.
+    losses gives one token mean over the whole batch. The KL term shares it.
 
     Returns (loss, stats); stats are detached scalars.
     """
-    if not (logprobs.shape == proximal_logprobs.shape == behavior_logprobs.shape
-            == advantages.shape == loss_mask.shape):
-        raise ValueError(
-            "decoupled_ppo_loss: shapes differ: "
-            f"logprobs {tuple(logprobs.shape)}, proximal {tuple(proximal_logprobs.shape)}, "
-            f"behavior {tuple(behavior_logprobs.shape)}, advantages {tuple(advantages.shape)}, "
-            f"loss_mask {tuple(loss_mask.shape)}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    _check_args({"logprobs": logprobs, "proximal": proximal_logprobs,
+                 "behavior": behavior_logprobs, "advantages": advantages,
+                 "loss_mask": loss_mask, "seq_ids": seq_ids, "ref_logprobs": ref_logprobs},
+                dual_clip, level, kl_coef, kl_estimator)
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     mask = loss_mask.bool()
-    fmask = mask.to(logprobs.dtype)
-    n_tokens = fmask.sum()
+    n_tokens = mask.float().sum()
     denom = n_tokens.clamp(min=1.0) if normalizer is None else torch.as_tensor(
-        normalizer, dtype=logprobs.dtype, device=logprobs.device).clamp(min=1.0)
+        normalizer, dtype=torch.float32, device=logprobs.device).clamp(min=1.0)
 
-    # Ratios are computed in fp32 with masked positions zeroed, so padding never
-    # produces inf/NaN that could leak into gradients.
-    log_ratio = torch.where(mask, logprobs.float() - proximal_logprobs.float(), 0.0)
+    log_ratio, adv = _log_ratio_and_adv(logprobs, proximal_logprobs, advantages, mask,
+                                        level, seq_ids)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_high)
-    adv = advantages.float()
     pg = torch.maximum(-adv * ratio, -adv * clipped)
     if dual_clip is not None:
         pg = torch.minimum(pg, dual_clip * adv.abs())
@@ -79,20 +135,24 @@ def decoupled_ppo_loss(
     keep = mask
     if behav_imp_weight_cap is not None:
         keep = mask & (behav_w <= behav_imp_weight_cap)
-    pg = pg * behav_w
-    loss = torch.where(keep, pg, 0.0).sum() / denom
+    loss = torch.where(keep, pg * behav_w, 0.0).sum() / denom
+
+    kl = _kl_term(logprobs, ref_logprobs, mask, kl_estimator)
+    if kl is not None and kl_coef > 0:
+        loss = loss + kl_coef * kl.sum() / denom
 
     with torch.no_grad():
-        clip_hit = (-adv * clipped > -adv * ratio) & mask
+        token_log_ratio = torch.where(mask, logprobs.float() - proximal_logprobs.float(), 0.0)
         stats = {
             "n_tokens": n_tokens.detach(),
-            "clip_frac": masked_mean(clip_hit.float(), mask),
+            "clip_frac": masked_mean(((-adv * clipped > -adv * ratio) & mask).float(), mask),
             "behav_weight_mean": masked_mean(behav_w, mask),
             "behav_weight_max": torch.where(mask, behav_w, 0.0).max()
             if mask.any() else torch.zeros(()),
             "capped_frac": masked_mean((mask & ~keep).float(), mask),
             # k3 estimator of KL(pi_prox || pi_theta): non-negative, low variance.
-            "approx_kl": masked_mean(torch.exp(-log_ratio) - 1.0 + log_ratio, mask),
-            "ratio_mean": masked_mean(ratio, mask),
+            "approx_kl": masked_mean(torch.exp(-token_log_ratio) - 1.0 + token_log_ratio, mask),
+            "ratio_mean": masked_mean(ratio.detach(), mask),
+            "kl_ref": masked_mean(kl.detach(), mask) if kl is not None else torch.zeros(()),
         }
     return loss, stats

@@ -9,7 +9,9 @@ restart at 0, and the O(T^2) mask is not built (`build_mask=False`).
 Next-token alignment follows `logprobs.pad_batch`: position i holds the logprob of
 token i+1, and only positions whose next token is an output token of the *same*
 sequence are in the loss mask (the last token of one sequence never "predicts" the
-first token of the next).
+first token of the next). "seq_ids" (length T-1, like the other targets) names each
+output token's sequence, -1 elsewhere; the per-input-token segments that build the
+attention mask are not returned, since `cu_seqlens` carries the same boundaries.
 """
 
 from __future__ import annotations
@@ -33,19 +35,20 @@ def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
     out = {
         "input_ids": torch.tensor([ids], dtype=torch.long),
         "position_ids": torch.tensor([pos], dtype=torch.long),
-        "seq_ids": torch.tensor(seg, dtype=torch.long),
         "cu_seqlens": torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32),
         "loss_mask": torch.zeros(total - 1, dtype=torch.bool),
         "behavior_logprobs": torch.zeros(total - 1),
         "advantages": torch.zeros(total - 1),
         "versions": torch.full((total - 1,), -1, dtype=torch.long),
+        "seq_ids": torch.full((total - 1,), -1, dtype=torch.long),
     }
     start = 0
-    for s, n in zip(seqs, lens):
-        write_targets(out, start, s)
+    for k, (s, n) in enumerate(zip(seqs, lens)):
+        write_targets(out, start, s, k)
         start += n
     if build_mask:
-        same = out["seq_ids"][:, None] == out["seq_ids"][None, :]
+        segments = torch.tensor(seg, dtype=torch.long)
+        same = segments[:, None] == segments[None, :]
         causal = torch.tril(torch.ones(total, total, dtype=torch.bool))
         out["attention_mask"] = (same & causal)[None, None]
     return out

@@ -7,6 +7,12 @@ stage is an async actor UDF: each of its concurrent calls asks the driver for a
 ticket (waiting while the gate is full), generates the group through the rollout
 Serve app with interruptible requests, and tells the driver it finished. The reward
 stage is an autoscaling actor pool (`ActorPoolStrategy(min_size, max_size)`).
+
+Ray Train calls a `PipelineFactory` each time it starts the trainer's worker group,
+so a restart after a failure gets a fresh pipeline; the factory opens a new driver
+generation, which turns the previous pipeline's gate calls into no-ops. Rows carry
+their position in the prompt stream, so prompts consumed before the checkpoint the
+trainer resumes from are skipped.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ EMPTY = {"ticket": np.array([], dtype=np.int64), "group": np.array([], dtype=obj
 
 class RolloutStage:
     def __init__(self, model_path: str, driver_name: str, namespace: str, app_name: str,
-                 deployment_name: str, group_size: int, max_new_tokens: int, temperature: float):
+                 deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
+                 generation: int = 0):
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.driver = ray.get_actor(driver_name, namespace=namespace)
         self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
         self.n, self.max_new_tokens, self.temperature = group_size, max_new_tokens, temperature
+        self.generation = generation
 
     async def _generate(self, input_ids: list[int], max_new_tokens: int, temperature: float) -> dict:
         return await self.handle.generate.remote(input_ids, max_new_tokens, temperature)
@@ -38,8 +46,9 @@ class RolloutStage:
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict:
         tickets, groups = [], []
         for i in range(len(batch["prompt"])):
-            admitted = await self.driver.acquire.remote()
-            if admitted is None:  # run closed: nothing more is admitted
+            pos = int(batch["pos"][i])
+            admitted = await self.driver.acquire.remote(pos, self.generation)
+            if admitted is None:  # run closed, an old pipeline, or consumed before resume
                 continue
             ticket, version = admitted
             try:
@@ -50,10 +59,10 @@ class RolloutStage:
                 for s in samples:
                     s.text = self.tokenizer.decode(s.output_ids, skip_special_tokens=True)
             finally:
-                await self.driver.finish.remote()
+                await self.driver.finish.remote(self.generation)
             g = Group(ticket=ticket, uid=str(batch["uid"][i]), prompt=prompt,
                       answer=str(batch["answer"][i]), verifier=str(batch["verifier"][i]),
-                      admitted_version=version, samples=samples)
+                      admitted_version=version, samples=samples, pos=pos)
             row = g.to_row()
             tickets.append(row["ticket"])
             groups.append(row["group"])
@@ -63,9 +72,9 @@ class RolloutStage:
 
 
 def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, namespace: str,
-                   app_name: str, deployment_name: str) -> ray.data.Dataset:
+                   app_name: str, deployment_name: str, generation: int = 0) -> ray.data.Dataset:
     keep = ("uid", "prompt", "answer", "verifier")
-    ds = ray.data.from_items([{k: str(r[k]) for k in keep} for r in rows],
+    ds = ray.data.from_items([{"pos": i, **{k: str(r[k]) for k in keep}} for i, r in enumerate(rows)],
                              override_num_blocks=len(rows))
     concurrent = cfg.rollout.max_concurrent_rollouts or (cfg.algo.eta + 1) * cfg.algo.batch_groups
     ds = ds.map_batches(
@@ -74,7 +83,7 @@ def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, nam
             model_path=model_path, driver_name=driver_name, namespace=namespace,
             app_name=app_name, deployment_name=deployment_name,
             group_size=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature),
+            temperature=cfg.rollout.temperature, generation=generation),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
                                   max_concurrent_calls_per_actor=concurrent))
     ds = ds.map_batches(
@@ -85,3 +94,17 @@ def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, nam
                        "memory_limit_mb": cfg.reward.code_memory_limit_mb}),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
     return ds
+
+
+class PipelineFactory:
+    """What Ray Train gets as the "train" dataset: builds a fresh pipeline (in a new
+    driver generation) each time the trainer's worker group starts."""
+
+    def __init__(self, rows: list[dict], cfg, model_path: str, driver_name: str,
+                 namespace: str, app_name: str, deployment_name: str):
+        self.args = (rows, cfg, model_path, driver_name, namespace, app_name, deployment_name)
+
+    def __call__(self) -> ray.data.Dataset:
+        driver = ray.get_actor(self.args[3], namespace=self.args[4])
+        generation = ray.get(driver.begin_generation.remote())
+        return build_pipeline(*self.args, generation=generation)

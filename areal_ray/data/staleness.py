@@ -2,16 +2,24 @@
 
 A group may start only while
 
-    started < (version + eta + 1) * B      and      running < max_concurrent
+    started - rejected < (version + eta + 1) * B      and      running < max_concurrent
 
-where `started` counts groups ever admitted (running or delivered), B is the number
-of groups per training step and `version` the policy version every rollout replica
-already serves. Each admitted group gets a *ticket* (its admission index). The
-trainer builds step t from exactly the tickets [t*B, (t+1)*B): a group with ticket g
-was admitted at a version v_a with g < (v_a + eta + 1) * B, so it is trained at step
-t = g // B <= v_a + eta, and since every token it has was generated at a version
->= v_a, its staleness t - min(versions) is at most eta. eta = 0 is the synchronous
-baseline: step t's rollouts start only after version t is served.
+where `started` counts groups ever admitted (running or delivered), `rejected` those
+that the trainer's dynamic filter dropped (they do not count, as in AReaL), B is the
+number of groups per training step and `version` the policy version every rollout
+replica already serves. Each admitted group gets a *ticket* (its admission index).
+The trainer takes groups in ticket order, skipping rejected ones, B accepted groups
+per step. A group X admitted at version v_a saw fewer than (v_a + eta + 1) * B
+non-rejected groups, and every group with a smaller ticket was among them (or is
+rejected), so at most (v_a + eta + 1) * B - 1 accepted groups precede X: X is
+trained at a step t <= v_a + eta. Every token of X was generated at a version >= v_a,
+so its staleness t - min(versions) is at most eta. Without rejections step t is
+exactly the tickets [t*B, (t+1)*B). eta = 0 is the synchronous baseline: step t's
+rollouts start only after version t is served.
+
+Resume: a checkpoint taken after step t records the next ticket and how many tickets
+before it were rejected, so `started - rejected == (t+1) * B` and the bound continues
+exactly (AReaL's fix #1345 sets accepted = version * B for the same reason).
 
 Pure Python, no Ray: the driver actor wraps it with an asyncio condition.
 """
@@ -25,6 +33,7 @@ from dataclasses import asdict, dataclass
 class GateState:
     started: int = 0
     running: int = 0
+    rejected: int = 0
     version: int = 0
     closed: bool = False
 
@@ -45,7 +54,7 @@ class StalenessGate:
         s = self.state
         if s.closed:
             return 0
-        by_staleness = (s.version + self.eta + 1) * self.batch_groups - s.started
+        by_staleness = (s.version + self.eta + 1) * self.batch_groups - (s.started - s.rejected)
         return max(0, min(by_staleness, self.max_concurrent - s.running))
 
     def try_acquire(self) -> int | None:
@@ -62,6 +71,22 @@ class StalenessGate:
         if self.state.running <= 0:
             raise RuntimeError("StalenessGate.finish called with no running group")
         self.state.running -= 1
+
+    def reject(self, n: int = 1) -> None:
+        """n delivered groups were dropped by the dynamic filter: their slots free up."""
+        if n < 0 or self.state.rejected + n > self.state.started - self.state.running:
+            raise RuntimeError(f"StalenessGate.reject({n}): only "
+                               f"{self.state.started - self.state.running - self.state.rejected} "
+                               "delivered groups can be rejected")
+        self.state.rejected += n
+
+    def restore(self, version: int, next_ticket: int, rejected: int) -> None:
+        """Restart from a checkpoint: nothing runs, tickets continue at `next_ticket`."""
+        accepted = next_ticket - rejected
+        if accepted != version * self.batch_groups:
+            raise ValueError(f"inconsistent resume state: {next_ticket} tickets - {rejected} "
+                             f"rejected != version {version} x {self.batch_groups} groups")
+        self.state = GateState(started=next_ticket, running=0, rejected=rejected, version=version)
 
     def set_version(self, version: int) -> None:
         if version < self.state.version:

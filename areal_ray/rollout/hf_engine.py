@@ -21,8 +21,13 @@ import time
 from collections import deque
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                          StoppingCriteria, StoppingCriteriaList)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
 

@@ -16,7 +16,12 @@ import torch
 import torch.distributed as dist
 
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
-from areal_ray.algo.microbatch import assign_groups, count_microbatches, ffd, split_balanced
+from areal_ray.algo.microbatch import (
+    assign_groups,
+    count_microbatches,
+    ffd,
+    split_balanced,
+)
 from areal_ray.algo.packing import pack, packed_token_logprobs
 
 
@@ -55,7 +60,9 @@ def split_minibatches(mine: list[dict], n: int) -> list[list[dict]]:
 
 
 def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
-                       pad_id: int) -> list[dict | None]:
+                       pad_id: int, varlen: bool = False) -> list[dict | None]:
+    """`varlen`: the model runs flash-attention, which finds the sequence boundaries of
+    a packed row from its position ids, so no O(T^2) block-diagonal mask is built."""
     lengths = [seq_len(s) for s in mine]
     if packed:
         bins = ffd(lengths, max_tokens)
@@ -64,7 +71,7 @@ def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
             bins = ffd(lengths, max_tokens, min_bins=k)
             if int(all_reduce([len(bins)], dist.ReduceOp.MAX)[0]) == k == len(bins):
                 break
-        return [pack([mine[i] for i in b]) if b else None for b in bins]
+        return [pack([mine[i] for i in b], build_mask=not varlen) if b else None for b in bins]
     k = int(all_reduce([count_microbatches(lengths, max_tokens)], dist.ReduceOp.MAX)[0])
     bins = split_balanced(lengths, k) if k <= len(lengths) else \
         split_balanced(lengths, len(lengths)) + [[]] * (k - len(lengths))

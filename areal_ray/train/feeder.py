@@ -5,9 +5,11 @@ A background thread drains this worker's dataset shard as fast as rows arrive
 staleness gate waits for the trainer: with the gate closed, a row stuck in a
 prefetch buffer would deadlock the run (STACK_NOTES).
 
-Step t trains exactly the groups with tickets [t*B, (t+1)*B), whichever rank's shard
-they arrived on: ranks poll, agree (all-reduce) once all B tickets are present
-somewhere, then exchange them (all-gather), so every rank sees the same ordered batch.
+Step t trains the next B accepted groups in ticket order (without a dynamic filter:
+exactly the tickets [t*B, (t+1)*B)), whichever rank's shard they arrived on: ranks
+poll and share what arrived (ticket, verdict, position) every round, so all of them
+walk the same ticket sequence, then exchange the chosen groups (all-gather) and see
+the same ordered batch.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -58,42 +62,72 @@ class ShardFeeder:
         return items
 
 
+@dataclass
+class StepBatch:
+    groups: list[Group]  # the step's B accepted groups, in ticket order
+    rejected: list[int]  # prompt positions of the groups the filter dropped on the way
+    wait_s: float
+
+
 class StepAssembler:
-    def __init__(self, feeder: ShardFeeder, batch_groups: int, distributed: bool):
+    """Walks tickets in order from `next_ticket`, keeping groups that pass `accept`
+    (DAPO's dynamic filter; all pass by default) until it has B of them. Rank 0 tells
+    `on_reject` how many groups were dropped as soon as they arrive, so the gate can
+    admit replacements without waiting for the walk to reach them."""
+
+    def __init__(self, feeder: ShardFeeder, batch_groups: int, distributed: bool,
+                 accept: Callable[[Group], bool] | None = None, next_ticket: int = 0,
+                 on_reject: Callable[[int], None] | None = None):
         self.feeder = feeder
         self.batch_groups = batch_groups
         self.distributed = distributed
+        self.accept = accept or (lambda g: True)
+        self.on_reject = on_reject
+        self.cursor = next_ticket  # every ticket below it is trained or rejected
         self.buffer: dict[int, Group] = {}
+        self._verdicts: dict[int, bool] = {}
+        self._reported: set[int] = set()
 
-    def _count(self, n: int) -> int:
+    def _gather(self, obj) -> list:
         if not self.distributed:
-            return n
-        import torch
-        t = torch.tensor([n, int(self.feeder.exhausted)])
-        dist.all_reduce(t)
-        self._all_exhausted = int(t[1]) == dist.get_world_size()
-        return int(t[0])
+            return [obj]
+        out: list = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
 
-    def next_step(self, step: int, poll_s: float = 0.02) -> tuple[list[Group], float]:
-        """Ordered groups of `step` and the seconds spent waiting for them."""
+    def next_step(self, step: int, poll_s: float = 0.02) -> StepBatch:
         t0 = time.perf_counter()
-        lo, hi = step * self.batch_groups, (step + 1) * self.batch_groups
-        self._all_exhausted = False
         while True:
+            fresh = {}
             for g in self.feeder.poll(0.0 if self.feeder.exhausted else poll_s):
-                if g.ticket in self.buffer:
+                if g.ticket < self.cursor or g.ticket in self.buffer:
                     raise RuntimeError(f"ticket {g.ticket} delivered twice")
                 self.buffer[g.ticket] = g
-            have = [t for t in range(lo, hi) if t in self.buffer]
-            total = self._count(len(have))
-            if total == hi - lo:
+                fresh[g.ticket] = (self.accept(g), g.pos)
+            views = self._gather((fresh, self.feeder.exhausted))
+            for part, _ in views:
+                self._verdicts.update(part)
+            newly = [t for part, _ in views for t, (ok, _) in part.items() if not ok]
+            if newly and self.on_reject is not None:
+                self.on_reject(len(newly))
+            take, drop, t = [], [], self.cursor
+            while t in self._verdicts and len(take) < self.batch_groups:
+                (take if self._verdicts[t][0] else drop).append(t)
+                t += 1
+            if len(take) == self.batch_groups:
                 break
-            if (self._all_exhausted if self.distributed else self.feeder.exhausted):
-                raise RuntimeError(f"the pipeline ended with step {step} incomplete "
-                                   f"({total}/{hi - lo} groups)")
-        mine = [self.buffer.pop(t) for t in have]
+            if all(done for _, done in views):
+                raise RuntimeError(
+                    f"the pipeline ended with step {step} incomplete ({len(take)}/"
+                    f"{self.batch_groups} groups; {len(drop)} dropped by the dynamic filter"
+                    + ("; raise algo.filter_prompt_factor)" if drop else ")"))
+        self.cursor = t
+        rejected = [self._verdicts.pop(d)[1] for d in drop]
+        for d in drop:
+            self.buffer.pop(d, None)
+        for k in take:
+            self._verdicts.pop(k)
+        mine = [self.buffer.pop(k) for k in take if k in self.buffer]
         if self.distributed:
-            gathered: list = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
-            mine = [g for part in gathered for g in part]
-        return sorted(mine, key=lambda g: g.ticket), time.perf_counter() - t0
+            mine = [g for part in self._gather(mine) for g in part]
+        return StepBatch(sorted(mine, key=lambda g: g.ticket), rejected, time.perf_counter() - t0)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+)
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
@@ -24,8 +27,16 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def load_sharded_model(path: str, dtype: str = "float32"):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable: bool = True,
+                       attn_implementation: str = ""):
+    """`build(path, dtype=..., [attn_implementation=...])` makes the unsharded model
+    (default: the causal LM); `trainable=False` freezes it (the KL reference model)."""
+    build = build or AutoModelForCausalLM.from_pretrained
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = build(path, dtype=getattr(torch, dtype), **kwargs)
+    if not trainable:
+        model.requires_grad_(False)
+        model.eval()
     if dist.is_available() and dist.is_initialized():
         for layer in decoder_layers(model):
             fully_shard(layer)

@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from areal_ray.algo.advantages import (advantages, grpo_advantages, informative_groups,
-                                        rloo_advantages, shape_rewards)
+from areal_ray.algo.advantages import (
+    ADV_NORMS,
+    advantages,
+    grpo_advantages,
+    informative_groups,
+    moments,
+    normalize,
+    rloo_advantages,
+    shape_rewards,
+)
 
 
 def test_group_normalised_by_hand():
@@ -57,3 +65,31 @@ def test_reward_shaping_and_overlong_penalty():
 def test_dynamic_filter_marks_groups_without_signal():
     keep = informative_groups(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
     assert keep.tolist() == [True, False, False]
+
+
+def test_batch_normalize_by_hand():
+    adv = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    # masked entries 1, 2, 3: mean 2, unbiased std 1; the 100 is padding -> 0
+    e = 1 / (1 + 1e-5)
+    assert normalize(adv, mask).flatten().tolist() == pytest.approx([-e, 0.0, e, 0.0], rel=1e-6)
+    # no mask: 0, 0, 0, 4: mean 1, unbiased std sqrt((1 + 1 + 1 + 9) / 3) = 2
+    s = 2 + 1e-5
+    out = normalize(torch.tensor([[0.0, 0.0], [0.0, 4.0]]))
+    assert out.flatten().tolist() == pytest.approx([-1 / s, -1 / s, -1 / s, 3 / s], rel=1e-6)
+
+
+def test_batch_normalize_degenerate_and_dispatch():
+    assert normalize(torch.tensor([4.0, 5.0]), torch.tensor([1, 0])).tolist() == [0.0, 0.0]
+    assert normalize(torch.tensor([4.0]), torch.tensor([0])).tolist() == [0.0]
+    assert ADV_NORMS == ("none", "batch")
+
+
+def test_normalize_over_parts_equals_normalize_over_the_whole():
+    """What data-parallel ranks do: sum the parts' moments, normalise each part."""
+    whole = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0])
+    a, b = whole[:2], whole[2:]
+    stats = [x + y for x, y in zip(moments(a), moments(b))]
+    assert stats == [5.0, 20.0, 130.0]
+    joined = torch.cat([normalize(a, stats=stats), normalize(b, stats=stats)])
+    assert torch.allclose(joined, normalize(whole))

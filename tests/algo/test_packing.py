@@ -26,7 +26,7 @@ def test_packed_logprobs_equal_padded(random_model_dir):
         lp_pad = token_logprobs(model, padded["input_ids"], padded["attention_mask"])
         lp_pack = packed_token_logprobs(model, packed)
     assert torch.allclose(lp_pack[packed["loss_mask"]], lp_pad[padded["loss_mask"]], atol=1e-5)
-    for key in ("behavior_logprobs", "advantages", "versions"):
+    for key in ("behavior_logprobs", "advantages", "versions", "seq_ids"):
         assert torch.equal(packed[key][packed["loss_mask"]], padded[key][padded["loss_mask"]])
 
 
@@ -43,3 +43,15 @@ def test_layout_and_no_cross_sequence_targets():
     assert not mask[lens[0], lens[0] - 1]  # the 2nd sequence cannot see the 1st
     assert mask[lens[0] + 1, lens[0]]
     assert "attention_mask" not in pack(seqs, build_mask=False)  # flash-attn varlen path
+
+
+def test_seq_ids_name_each_output_token_by_hand():
+    seqs = [{"prompt_ids": [1, 2], "output_ids": [3], "logprobs": [-0.5], "versions": [0],
+             "advantage": 1.0},
+            {"prompt_ids": [4], "output_ids": [5, 6], "logprobs": [-0.1, -0.2],
+             "versions": [1, 1], "advantage": -1.0}]
+    # packed row 1 2 3 4 5 6; target i predicts token i+1: seq 0 predicts "3" at 1,
+    # seq 1 predicts "5", "6" at 3, 4; position 2 ("3" -> "4") crosses a boundary.
+    assert pack(seqs)["seq_ids"].tolist() == [-1, 0, -1, 1, 1]
+    # padded rows [1 2 3] and [4 5 6]: targets [-, 3] and [5, 6]
+    assert pad_batch(seqs, pad_id=0)["seq_ids"].tolist() == [[-1, 0], [1, 1]]

@@ -69,3 +69,51 @@ def test_bound_holds_with_random_completion_order(eta, seed):
             if eta == 0:
                 assert admitted[t] == step
         g.set_version(step + 1)
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+@pytest.mark.parametrize("seed", range(5))
+def test_bound_holds_with_dynamic_filter_rejections(eta, seed):
+    """Random completion order and random rejections (reported whenever the trainer sees
+    them); steps take B accepted groups in ticket order: staleness stays <= eta and the
+    run never deadlocks."""
+    rng, B, steps = random.Random(seed), 3, 10
+    g = StalenessGate(eta=eta, batch_groups=B, max_concurrent=rng.randint(1, 20))
+    running, delivered, admitted, cursor = [], {}, {}, 0
+    for step in range(steps):
+        taken = []
+        while len(taken) < B:
+            if cursor in delivered:
+                ok = delivered.pop(cursor)
+                if ok:
+                    taken.append(cursor)
+                cursor += 1
+                continue
+            while (t := g.try_acquire()) is not None:
+                admitted[t] = g.state.version
+                running.append(t)
+            assert running, "deadlock: the step's groups can never be admitted"
+            t = running.pop(rng.randrange(len(running)))
+            g.finish()
+            ok = rng.random() < 0.6
+            if not ok:
+                g.reject()
+            delivered[t] = ok
+        for t in taken:
+            assert 0 <= step - admitted[t] <= eta
+        g.set_version(step + 1)
+
+
+def test_reject_counts_only_delivered_groups_and_restore_checks_consistency():
+    g = StalenessGate(eta=0, batch_groups=2)
+    g.try_acquire(), g.try_acquire()
+    with pytest.raises(RuntimeError):
+        g.reject()  # both still running
+    g.finish()
+    g.reject()
+    assert g.try_acquire() == 2  # the rejected group's slot is free again
+    g2 = StalenessGate(eta=0, batch_groups=2)
+    g2.restore(version=3, next_ticket=8, rejected=2)
+    assert g2.capacity() == 2 and g2.try_acquire() == 8
+    with pytest.raises(ValueError, match="inconsistent"):
+        g2.restore(version=3, next_ticket=8, rejected=1)

@@ -5,9 +5,11 @@ import json
 
 import mlflow
 import pytest
+from transformers import AutoModelForCausalLM
 
 from areal_ray.config import load_config
 from areal_ray.run import run_training
+from areal_ray.train.checkpoint import latest_checkpoint
 
 STEPS, B = 5, 4
 REQUIRED_STEP_KEYS = {"step", "version", "time_s", "reward_mean", "n_samples", "n_tokens",
@@ -22,11 +24,17 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
         f"model.path={embedded_model}", f"algo.eta={eta}", f"algo.batch_groups={B}",
         f"train.steps={STEPS}", "rollout.group_size=4", "rollout.max_new_tokens=64",
         "task.n_eval=16", f"run.run_dir={tmp_path / 'run'}", f"run.name=e2e-eta{eta}",
-        f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+        f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        # two FSDP ranks also write a checkpoint: each rank's part lands in one dir
+        f"train.checkpoint_every={STEPS if workers == 2 else 0}"])
     summary = run_training(cfg)
 
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(STEPS))
+    if workers == 2:
+        ckpt = latest_checkpoint(tmp_path / "run" / "train")
+        assert {"rng_rank0.pt", "rng_rank1.pt", "optimizer.pt"} <= {p.name for p in ckpt.iterdir()}
+        assert AutoModelForCausalLM.from_pretrained(ckpt / "model") is not None  # HF loads it
     assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
     for s in steps:
         assert REQUIRED_STEP_KEYS <= s.keys()
@@ -69,3 +77,26 @@ def test_code_task_runs_end_to_end_with_sandboxed_rewards(ray_cluster, embedded_
         assert sum(s["reward_reasons"].values()) == s["n_samples"] == 4
         assert set(s["reward_reasons"]) <= {"no fenced code block", "wrong answer", "all passed",
                                             "timeout", "exit", "killed", "output limit"}
+
+
+def test_dynamic_filter_trains_only_informative_groups(ray_cluster, embedded_model, tmp_path):
+    """DAPO dynamic sampling through the gate: all-equal groups are dropped, their slots
+    refilled, every step still trains B groups with signal, within the bound."""
+    cfg = load_config("conf/quickstart.yaml", [
+        f"model.path={embedded_model}", "algo.eta=1", f"algo.batch_groups={B}", "train.steps=3",
+        "rollout.group_size=8", "algo.dynamic_filter=true",
+        "run.eval_before=false", "task.n_eval=8", f"run.run_dir={tmp_path / 'run'}",
+        f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    run_training(cfg)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 3
+    for s in steps:
+        assert s["informative_groups"] == len(s["tickets"]) == B
+        assert s["n_samples"] == B * 8
+        assert s["staleness_max"] <= 1
+    used = [p for s in steps for p in s["positions"] + s["filtered_positions"]]
+    assert len(used) == len(set(used))  # each prompt consumed once, trained or dropped
+    # ~15% accuracy with 8 samples: about a quarter of the groups are all-wrong
+    assert sum(len(s["filtered_positions"]) for s in steps) > 0
+    tickets = [t for s in steps for t in s["tickets"]]
+    assert tickets == sorted(tickets)

@@ -7,8 +7,8 @@ import threading
 import time
 
 import ray
-from ray.data import ActorPoolStrategy
 import ray._private.state as gcs_state  # the GCS actor table; the state API needs the dashboard
+from ray.data import ActorPoolStrategy
 
 from areal_ray.reward.pool import RewardStage
 from areal_ray.types import Group, Sample

@@ -1,13 +1,9 @@
-"""The trainer's step on one process: advantages, staleness, and a real optimizer step."""
+"""The worker loop's pure parts: groups -> sequences with advantages and staleness."""
 
-import torch
-from transformers import AutoModelForCausalLM
-
-from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.config import load_config
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.hf_engine import HFEngine
-from areal_ray.train.loop import flatten_groups, train_step
+from areal_ray.train.loop import flatten_groups, informative
 from areal_ray.types import Group, Sample
 
 
@@ -31,23 +27,14 @@ def test_flatten_groups_advantages_and_staleness(random_model_dir):
     assert {s["staleness"] for s in seqs} == {3}
 
 
-def test_train_step_raises_the_logprob_of_rewarded_samples(random_model_dir):
-    torch.manual_seed(0)
+def test_informative_is_the_dynamic_filter(random_model_dir):
     engine = HFEngine(random_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    cfg = load_config(None, ["algo.lr=1e-2"])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr)
-    seqs = flatten_groups(make_groups(engine, [[1.0, 0.0, 0.0, 0.0]]), cfg.algo, 8, 0)
+    mixed, flat = make_groups(engine, [[1.0, 0.0], [1.0, 1.0]])
+    assert informative(mixed) and not informative(flat)
 
-    def seq_logprob(s):
-        b = pad_batch([s], engine.pad_id)
-        with torch.no_grad():
-            return token_logprobs(model, b["input_ids"], b["attention_mask"])[b["loss_mask"]].sum()
 
-    before = [seq_logprob(s) for s in seqs]
-    stats = train_step(model, opt, seqs, cfg, engine.pad_id)
-    after = [seq_logprob(s) for s in seqs]
-    assert after[0] > before[0]  # the rewarded sample became more likely
-    assert all(a < b for a, b in zip(after[1:], before[1:]))
-    assert abs(stats["behav_weight_mean"] - 1.0) < 1e-3  # fresh samples: pi_prox == pi_behav
-    assert stats["n_microbatches"] == 1 and stats["grad_norm"] > 0
+def test_gae_passes_shaped_outcome_rewards_to_the_critic(random_model_dir):
+    engine = HFEngine(random_model_dir)
+    algo = load_config(None, ["algo.adv_estimator=gae", "algo.reward_bias=-0.5"]).algo
+    seqs = flatten_groups(make_groups(engine, [[1.0, 0.0]]), algo, 8, 0)
+    assert [s["advantage"] for s in seqs] == [0.5, -0.5]

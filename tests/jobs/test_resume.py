@@ -1,0 +1,98 @@
+"""Checkpoints end to end: a trainer worker killed mid-run is restarted by Ray Train
+from its last checkpoint, and a new job continues a finished run's checkpoint. Both
+must give the version sequence of an uninterrupted run with no prompt trained twice."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import mlflow
+import pytest
+from ray._private import state
+
+from areal_ray.config import ConfigError, load_config
+from areal_ray.run import run_training
+from areal_ray.tracking import lineage, read_events
+from areal_ray.train.checkpoint import latest_checkpoint
+
+B, GROUP = 4, 4
+
+
+def config(embedded_model, run_dir, mlflow_db, *extra):
+    return load_config("conf/quickstart.yaml", [
+        f"model.path={embedded_model}", f"algo.batch_groups={B}", f"rollout.group_size={GROUP}",
+        "rollout.max_new_tokens=48", "task.n_eval=8", "run.eval_before=false",
+        "train.checkpoint_every=2", f"run.run_dir={run_dir}",
+        f"run.mlflow_tracking_uri=sqlite:///{mlflow_db}", *extra])
+
+
+def check_lineage(run_dir, steps: int, eta: int) -> list[dict]:
+    recs = lineage(read_events(run_dir / "steps.jsonl"))
+    assert [r["version"] for r in recs] == list(range(1, steps + 1))
+    positions = [p for r in recs for p in r["positions"]]
+    assert len(positions) == len(set(positions)) == steps * B  # no prompt trained twice
+    tickets = [t for r in recs for t in r["tickets"]]
+    assert tickets == list(range(steps * B))  # exactly an uninterrupted run's tickets
+    assert all(r["staleness_max"] <= eta for r in recs)  # the bound holds across resume
+    return recs
+
+
+def kill_a_train_worker_when(run_dir, version: int, killed: list) -> None:
+    path = run_dir / "steps.jsonl"
+    while not killed:
+        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
+            for a in state.actors().values():
+                if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE":
+                    os.kill(a["Pid"], signal.SIGKILL)
+                    killed.append(a["Pid"])
+                    return
+        time.sleep(0.2)
+
+
+def test_killed_trainer_restarts_from_checkpoint(ray_cluster, embedded_model, tmp_path):
+    run_dir, steps = tmp_path / "run", 6
+    cfg = config(embedded_model, run_dir, tmp_path / "mlflow.db", f"train.steps={steps}",
+                 "algo.eta=1", "train.max_failures=1")
+    killed: list = []
+    watcher = threading.Thread(target=kill_a_train_worker_when, args=(run_dir, 3, killed), daemon=True)
+    watcher.start()
+    summary = run_training(cfg)
+    assert killed, "the trainer finished before it could be killed"
+
+    events = read_events(run_dir / "steps.jsonl")
+    restores = [e for e in events if e.get("event") == "restore"]
+    assert len(restores) == 1 and restores[0]["version"] in (2, 4)  # a checkpointed version
+    after = events[events.index(restores[0]) + 1]
+    assert after["version"] == restores[0]["version"] + 1  # training went on from there
+    check_lineage(run_dir, steps, eta=1)
+    assert summary["steps"] == steps and summary["max_staleness"] <= 1
+    latest = latest_checkpoint(run_dir / "train")
+    assert json.loads((latest / "trainer_state.json").read_text())["version"] == steps
+    for name in ("model/config.json", "model/model.safetensors", "optimizer.pt", "scheduler.pt",
+                 "rng_rank0.pt"):
+        assert (latest / name).exists(), name
+
+
+def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path):
+    run_dir, db = tmp_path / "run", tmp_path / "mlflow.db"
+    first = run_training(config(embedded_model, run_dir, db, "train.steps=2", "algo.eta=0"))
+    with pytest.raises(ConfigError, match="run.resume=true"):
+        run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0"))
+
+    # two FSDP workers now: the full optimizer state is re-sharded across them
+    second = run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0",
+                                 "run.resume=true", "train.num_workers=2"))
+    recs = check_lineage(run_dir, 4, eta=0)
+    assert all(r["admitted_versions"] == [r["step"]] * B for r in recs)  # still synchronous
+    assert second["steps"] == 4 and second["resumed_at_step"] == 2
+    assert second["mlflow_run_id"] == first["mlflow_run_id"]  # one MLflow run per training run
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    history = mlflow.MlflowClient().get_metric_history(second["mlflow_run_id"], "reward_mean")
+    assert sorted(int(m.step) for m in history) == [0, 1, 2, 3]
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(embedded_model, tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        run_training(config(embedded_model, tmp_path / "none", tmp_path / "db", "run.resume=true"))
