@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_ray.algo.advantages import ADV_NORMS, ESTIMATORS
 from areal_ray.algo.kl import KL_ESTIMATORS
+from areal_ray.weights import PATHS
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -103,6 +104,15 @@ class AlgoConfig:
 
 
 @dataclass
+class WeightsConfig:
+    path: str = opt("auto", "how a version reaches the replicas: auto (shm when every replica is on the trainer's node, else collective) | collective (gloo/NCCL group) | shm | object_store | disk")
+    bucket_mb: int = opt(256, "collective path: size of one flat broadcast bucket")
+    dtype: str = opt("", "dtype sent to the replicas (e.g. bfloat16); empty: the trained dtype")
+    timeout_s: float = opt(60.0, "timeout of every collective call (group set-up, each bucket)")
+    backend: str = opt("gloo", "collective backend: gloo (CPU) | nccl (GPU trainers and replicas)")
+
+
+@dataclass
 class TrainConfig:
     num_workers: int = opt(1, "Ray Train workers (FSDP2 data parallel)")
     num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer worker")
@@ -135,6 +145,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -176,6 +187,10 @@ def validate(cfg: Config) -> Config:
          f"algo.lr_schedule {cfg.algo.lr_schedule!r} is not one of {LR_SCHEDULES}"),
         (cfg.algo.lr_warmup_steps >= 0, "algo.lr_warmup_steps must be >= 0"),
         (cfg.train.checkpoint_every >= 0, "train.checkpoint_every must be >= 0"),
+        (cfg.weights.path in PATHS, f"weights.path {cfg.weights.path!r} is not one of {PATHS}"),
+        (cfg.weights.backend in ("gloo", "nccl"), f"weights.backend {cfg.weights.backend!r} is not gloo or nccl"),
+        (cfg.weights.bucket_mb >= 1, "weights.bucket_mb must be >= 1"),
+        (cfg.weights.timeout_s > 0, "weights.timeout_s must be > 0"),
         (cfg.train.max_failures >= 0, "train.max_failures must be >= 0"),
         (not cfg.run.resume or cfg.run.run_dir, "run.resume needs run.run_dir (the run to continue)"),
     ]

@@ -26,10 +26,14 @@ weights are published if the replicas serve anything else (a rollback after a
 failure), and admissions resume. Weight publications carry a serial number, so a
 rollback to an older version is still a new publication that every replica loads.
 
-Weights travel through the object store: trainer rank 0 puts them once and every
-replica reads that object. Its owner is the trainer process, so when the trainer
-finishes (`close()`), the driver copies the last version into an object it owns,
-which keeps the final weights readable by late replicas and by the job.
+How weights travel is `weights.path` (areal_ray/weights.py): a collective group
+(`begin_push` announces the broadcast with the group's epoch and ranks, trainer
+rank 0 sends, `end_push` waits for acks; a failed broadcast becomes
+`fallback_push` through the object store), the object store, or a file on disk.
+Replicas ack each publication with its load time. Object-store weights are put once
+by trainer rank 0 and read by every replica; their owner is the trainer process, so
+when the trainer finishes (`close()`), the driver copies the last version into an
+object it owns, which keeps the final weights readable by late replicas and the job.
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ class Driver:
         self._generation = 0
         self._paused = False
         self._consumed: set[int] = set()  # prompt positions trained or rejected
+        self._store: tuple[str, int] | None = None  # collective path: trainer rank 0's store
+        self._members: list[str] | None = None  # replicas of the current group epoch
+        self._epoch = 0
+        self._load_s: dict[str, tuple[int, float]] = {}  # replica -> (serial, load seconds)
+        self._nodes: dict[str, str] = {}  # replica -> Ray node id
 
     def _c(self) -> asyncio.Condition:
         if self._cond is None:
@@ -116,13 +125,20 @@ class Driver:
             self._c().notify_all()
         return {"version": version, "published": push is not None}
 
-    async def close(self) -> None:
-        """End of training: admit nothing more; take ownership of the last weights."""
+    async def close(self, final: list | None = None) -> None:
+        """End of training: admit nothing more; take ownership of the last weights (the
+        trainer's objects die with it). After a collective or disk push the trainer
+        passes them as `final`: they are published once more (same version) so that a
+        replica starting later, and the job's final model, can read them."""
         async with self._c():
             self.gate.close()
             self._c().notify_all()
         serial, version, weights = self._latest
-        if weights is not None:
+        if final is not None:
+            owned = [ray.put(await final[0])]
+            async with self._c():
+                self._announce(version, owned)
+        elif isinstance(weights, list):
             self._latest = (serial, version, [ray.put(await weights[0])])
 
     def gate_state(self) -> dict:
@@ -134,9 +150,15 @@ class Driver:
         return self.gate.state.version
 
     # ------------------------------------------------------------ weight sync
-    async def register_replica(self, replica_id: str) -> tuple[int, int, list | None]:
+    async def register_replica(self, replica_id: str, node_id: str = "") -> tuple[int, int, list | None]:
+        """A new replica gets the latest publication. A collective one is a broadcast
+        already under way without it: it must not hold up that push's acks, and it
+        loads the next publication (every step pushes one; `close()` makes a last one)."""
         async with self._c():
-            self._replicas[replica_id] = -1
+            serial, _, payload = self._latest
+            joining_late = isinstance(payload, dict) and payload.get("kind") == "collective"
+            self._replicas[replica_id] = serial if joining_late else -1
+            self._nodes[replica_id] = node_id
             return self._latest
 
     async def unregister_replica(self, replica_id: str) -> None:
@@ -152,42 +174,89 @@ class Driver:
                 self._replicas[replica_id] = have  # dropped earlier: rejoin
             try:
                 await asyncio.wait_for(self._c().wait_for(lambda: self._latest[0] > have), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
             return self._latest
 
-    async def ack(self, replica_id: str, serial: int) -> None:
+    async def ack(self, replica_id: str, serial: int, load_s: float = 0.0) -> None:
         async with self._c():
             self._replicas[replica_id] = serial
+            self._load_s[replica_id] = (serial, load_s)
             self._c().notify_all()
 
-    async def push_weights(self, version: int, weights: list) -> dict:
-        """Publish `weights` as `version`; return when every live replica serves it."""
+    async def push_weights(self, version: int, weights) -> dict:
+        """Publish `weights` (an object-store `[ref]` or a disk payload) as `version`;
+        return when every live replica serves it."""
         if version <= self._latest[1]:
             raise ValueError(f"push of version {version} after version {self._latest[1]}")
         return await self._publish(version, weights)
 
-    async def _publish(self, version: int, weights: list) -> dict:
+    def set_weight_store(self, host: str, port: int) -> None:
+        """Trainer rank 0 serves the rendezvous store of the collective path."""
+        self._store, self._members = (host, port), None  # next push forms a new group
+
+    async def begin_push(self, version: int, specs: list, bucket_bytes: int) -> dict | None:
+        """Collective path, phase 1: announce a broadcast from trainer rank 0 (rank 0) to
+        every registered replica; the group is re-formed (new epoch) when membership
+        changed. None when no group can be formed (no store or no replica)."""
+        async with self._c():
+            if self._store is None or not self._replicas:
+                return None
+            members = sorted(self._replicas)
+            if members != self._members:
+                self._epoch, self._members = self._epoch + 1, members
+            payload = {"kind": "collective", "epoch": self._epoch, "store": self._store,
+                       "ranks": {r: i + 1 for i, r in enumerate(members)},
+                       "world": len(members) + 1, "specs": specs, "bucket_bytes": bucket_bytes}
+            serial = self._announce(version, payload)
+        return {"serial": serial, "epoch": self._epoch, "world": len(members) + 1}
+
+    async def end_push(self, version: int, serial: int) -> dict:
+        """Collective path, phase 2: the sender is done; wait for the members' acks."""
+        return await self._await_acks(version, serial, time.perf_counter())
+
+    async def fallback_push(self, version: int, weights: list) -> dict:
+        """The broadcast failed (a member died or timed out): publish through the object
+        store instead; the next collective push forms a group of the live replicas."""
+        self._members = None
+        return await self._publish(version, weights)
+
+    def _announce(self, version: int, payload) -> int:
+        serial = self._latest[0] + 1
+        self._latest = (serial, version, payload)
+        self._c().notify_all()
+        return serial
+
+    async def _publish(self, version: int, payload) -> dict:
         t0 = time.perf_counter()
         async with self._c():
-            serial = self._latest[0] + 1
-            self._latest = (serial, version, weights)
-            self._c().notify_all()
+            serial = self._announce(version, payload)
+        return await self._await_acks(version, serial, t0)
+
+    async def _await_acks(self, version: int, serial: int, t0: float) -> dict:
+        async with self._c():
             done = lambda: all(v >= serial for v in self._replicas.values())  # noqa: E731
             try:
                 await asyncio.wait_for(self._c().wait_for(done), self.push_timeout_s)
                 dropped = []
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 dropped = [r for r, v in self._replicas.items() if v < serial]
                 for r in dropped:
                     self._replicas.pop(r)
             self.gate.set_version(version)
             self._c().notify_all()
+        loads = [t for (s, t) in self._load_s.values() if s == serial]
         return {"version": version, "push_s": time.perf_counter() - t0,
-                "replicas": len(self._replicas), "dropped": dropped}
+                "replicas": len(self._replicas), "dropped": dropped,
+                "load_s": max(loads, default=0.0)}
 
     def replicas(self) -> dict[str, int]:
         return dict(self._replicas)
+
+    def replica_nodes(self) -> set[str]:
+        """Ray nodes of the registered replicas (`weights.path=auto` picks shared memory
+        when they are all on the trainer's node)."""
+        return {self._nodes.get(r, "") for r in self._replicas}
 
     # ------------------------------------------------------------ step records
     def record_step(self, record: dict) -> None:
@@ -199,4 +268,6 @@ class Driver:
         return self._events[since:]
 
     def latest_weights(self) -> tuple[int, list | None]:
-        return self._latest[1], self._latest[2]
+        """(version, [ref]) of the last object-store publication (None otherwise)."""
+        payload = self._latest[2]
+        return self._latest[1], payload if isinstance(payload, list) else None

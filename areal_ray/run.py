@@ -32,6 +32,7 @@ from areal_ray.eval import evaluate
 from areal_ray.tracking import RunTracker, lineage, read_events
 from areal_ray.train.checkpoint import save_hf
 from areal_ray.train.loop import train_loop_per_worker
+from areal_ray.weights import state_from
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +157,8 @@ def run_training(cfg: Config) -> dict:
             max_replicas=cfg.rollout.max_replicas,
             max_ongoing_requests=cfg.rollout.max_ongoing_requests,
             max_batch_size=cfg.rollout.max_batch_size, num_cpus=cfg.rollout.num_cpus,
-            dtype=cfg.model.dtype, torch_threads=cfg.rollout.torch_threads),
+            dtype=cfg.model.dtype, torch_threads=cfg.rollout.torch_threads,
+            weights_timeout_s=cfg.weights.timeout_s, weights_backend=cfg.weights.backend),
             name=app_name, route_prefix=None)
         # A resumed run's "before" was measured by the job that started it.
         before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens) \
@@ -170,7 +172,8 @@ def run_training(cfg: Config) -> dict:
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"cfg": cfg, "driver_name": driver_name, "namespace": namespace,
-                               "model_path": model_path, "checkpoint_root": str(run_dir / TRAIN_DIR)},
+                               "model_path": model_path, "checkpoint_root": str(run_dir / TRAIN_DIR),
+                               "weights_dir": str(run_dir / "weights")},
             scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=False,
                                          resources_per_worker={"CPU": cfg.train.num_cpus_per_worker}),
             datasets={"train": pipeline},
@@ -216,8 +219,8 @@ def run_training(cfg: Config) -> dict:
 def save_final_model(driver, model_path: str, out: Path) -> Path:
     _, weights = ray.get(driver.latest_weights.remote())
     if weights is None:  # nothing was trained: the initial model
-        weights = [ray.put(AutoModelForCausalLM.from_pretrained(model_path).state_dict())]
-    return save_hf(ray.get(weights[0]), model_path, out)
+        return save_hf(AutoModelForCausalLM.from_pretrained(model_path).state_dict(), model_path, out)
+    return save_hf(state_from(ray.get(weights[0])), model_path, out)
 
 
 def summarize(cfg: Config, steps: list[dict], before, after, train_s: float, wall_s: float,

@@ -13,8 +13,8 @@ Per step t, on every worker:
   2. shaped rewards -> advantages per group (GRPO, Dr.GRPO, RLOO) or outcome rewards
      for GAE; per-sample staleness t - min(versions);
   3. train_step (train/step.py): micro-batches, proximal logprobs, PPO update(s);
-  4. gather the full weights; rank 0 puts them in the object store and the driver
-     pushes them to every rollout replica as version t+1, then records the step;
+  4. push version t+1 to every rollout replica (train/push.py: a collective group,
+     the object store or disk, per `weights.path`), then rank 0 records the step;
   5. every `train.checkpoint_every` steps, a resume checkpoint (train/checkpoint.py).
 """
 
@@ -41,9 +41,11 @@ from areal_ray.train.checkpoint import (
 from areal_ray.train.critic import load_critic
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
+from areal_ray.train.push import WeightPusher
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
 from areal_ray.types import Group
+from areal_ray.weights import put_state
 
 
 def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
@@ -112,7 +114,7 @@ def train_loop_per_worker(config: dict) -> None:
     weights = full_state_dict(m.policy) if publish else None
     if rank == 0:
         ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,
-                                      [ray.put(weights)] if publish else None))
+                                      put_state(weights) if publish else None))
         print(f"[areal-ray] trainer starts at version {start}"
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
@@ -122,6 +124,7 @@ def train_loop_per_worker(config: dict) -> None:
         accept=informative if cfg.algo.dynamic_filter else None, next_ticket=state["next_ticket"],
         on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
     rejected = state["rejected"]
+    pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"])
     t_start = t_prev = time.perf_counter()
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)
@@ -132,14 +135,11 @@ def train_loop_per_worker(config: dict) -> None:
         if not seqs:
             raise RuntimeError(f"step {step}: every sample is empty")
         stats = train_step(m, seqs, cfg, pad_id, version=step)
-        t_gather = time.perf_counter()
-        weights = full_state_dict(m.policy)
-        gather_s = time.perf_counter() - t_gather
+        weights, push = pusher.push(m.policy, step + 1)
         if rank == 0:
-            push = ray.get(driver.push_weights.remote(step + 1, [ray.put(weights)]))
             now = time.perf_counter()
-            stats.update(time_s=now - t_start, step_s=now - t_prev, gather_s=gather_s)
-            ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats, push)))
+            stats.update(time_s=now - t_start, step_s=now - t_prev, **push)
+            ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats)))
             t_prev = now
         if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0:
             save_checkpoint(m, weights, {"version": step + 1, "next_ticket": assembler.cursor,
@@ -147,12 +147,13 @@ def train_loop_per_worker(config: dict) -> None:
                             config["model_path"])
         if dist.is_initialized():
             dist.barrier()
-    if rank == 0:
-        ray.get(driver.close.remote())
+    if rank == 0:  # the driver keeps the final weights (late replicas, the final model)
+        final = put_state(weights) if cfg.weights.path != "object_store" and start < cfg.train.steps else None
+        ray.get(driver.close.remote(final))
+        pusher.close()
 
 
-def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: dict,
-                push: dict) -> dict:
+def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: dict) -> dict:
     stale = [s["staleness"] for s in seqs]
     samples = [s for g in groups for s in g.samples]
     record = {
@@ -168,7 +169,6 @@ def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: 
         "resubmits": sum(s.n_resubmits for s in samples),
         "truncated_frac": sum(s.stop_reason == "length" for s in samples) / len(samples),
         "reward_reasons": dict(Counter(reason_kind(s.reward_reason) for s in samples)),
-        "wait_s": batch.wait_s, "push_s": push["push_s"],
-        "replicas": push["replicas"], **stats,
+        "wait_s": batch.wait_s, **stats,
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

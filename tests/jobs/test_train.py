@@ -26,7 +26,9 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
         "task.n_eval=16", f"run.run_dir={tmp_path / 'run'}", f"run.name=e2e-eta{eta}",
         f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
         # two FSDP ranks also write a checkpoint: each rank's part lands in one dir
-        f"train.checkpoint_every={STEPS if workers == 2 else 0}"])
+        f"train.checkpoint_every={STEPS if workers == 2 else 0}",
+        # the default (auto) pushes through shared memory here; one case takes the gloo group
+        f"weights.path={'collective' if eta == 4 else 'auto'}"])
     summary = run_training(cfg)
 
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
@@ -44,6 +46,8 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
         assert sum(s["staleness_hist"].values()) <= s["n_samples"]
         if eta == 0:  # synchronous: generated entirely by the version it trains
             assert s["staleness_max"] == 0 and s["admitted_versions"] == [s["step"]] * B
+    assert {s["push_path"] for s in steps} == {"collective" if eta == 4 else "shm"}
+    assert all(s["replicas"] == 1 and s["push_bytes"] > 0 for s in steps)
     if eta == 4:
         assert summary["max_staleness"] >= 1  # the producer really ran ahead
 

@@ -1,0 +1,314 @@
+"""Weight sync: pushing a new policy version from trainer rank 0 to every replica.
+
+Three paths, one publication format (a small dict the driver hands to replicas):
+
+* `collective` (default on a cluster): a standalone process group (gloo on CPU, NCCL on
+  GPU) of trainer rank 0 (rank 0) and the rollout replicas, separate from Ray Train's
+  own group (`ray.util.collective` cannot run inside a Train worker, STACK_NOTES). It
+  rendezvouses through a `TCPStore` served by trainer rank 0; each membership (the
+  driver's *epoch*) gets its own prefix, so a group is re-formed whenever replicas join
+  or leave. Weights go in flat buckets of `bucket_mb`: the sender fills bucket k+1
+  (gathering FSDP shards parameter by parameter) while bucket k is on the wire, and
+  receivers copy out of a bucket while the next one arrives. Every call has a timeout,
+  so a dead member turns into an error, never a hang.
+* `object_store`: one `ray.put` of the full state dict, every replica reads it (also
+  the fallback when a collective push fails).
+* `disk`: an HF safetensors file on shared storage, for engines that load from disk.
+* `shm`: for replicas on the trainer's node, shared-memory files (/dev/shm) that
+  rank 0 rewrites in place, two alternating; every replica maps the current one and
+  its load is the only copy on its side. This is the path that comes near memory bandwidth on one machine
+  (`jobs/bench_weights.py`); it cannot reach other nodes.
+
+The manifest (names, shapes, dtypes) travels with the publication, so receivers need
+no model of their own to unpack buckets.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+PATHS = ("auto", "collective", "shm", "object_store", "disk")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # the transfer dtype, e.g. "float32"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:
+    """Specs in send order; `dtype` converts for the receiver (empty: keep)."""
+    return [TensorSpec(k, tuple(v.shape), dtype or str(v.dtype).removeprefix("torch."))
+            for k, v in state]
+
+
+def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
+    """Consecutive specs grouped into buckets of at most `bucket_bytes` (a tensor larger
+    than that gets a bucket of its own); all tensors of a bucket share one dtype."""
+    buckets: list[list[int]] = []
+    size, dtype = 0, None
+    for i, s in enumerate(specs):
+        nbytes = s.numel * _dtype(s.dtype).itemsize
+        if buckets and size + nbytes <= bucket_bytes and s.dtype == dtype:
+            buckets[-1].append(i)
+            size += nbytes
+        else:
+            buckets.append([i])
+            size, dtype = nbytes, s.dtype
+    return buckets
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class WeightGroup:
+    """One epoch's process group. Rank 0 (trainer rank 0) also serves the store."""
+
+    def __init__(self, store: dist.Store, epoch: int, rank: int, world: int,
+                 timeout_s: float, backend: str = "gloo"):
+        self.rank, self.world, self.epoch = rank, world, epoch
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        prefixed = dist.PrefixStore(f"weights-epoch-{epoch}", store)
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world, self.timeout)
+            self.device = torch.device("cpu")
+
+    @staticmethod
+    def connect(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
+        return dist.TCPStore(host, port, None, is_master, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+
+    def _broadcast(self, buf: torch.Tensor):
+        return self.pg.broadcast(buf, 0, self.timeout)
+
+    def send(self, tensors: Iterator[torch.Tensor], specs: list[TensorSpec],
+             bucket_bytes: int) -> dict:
+        """Rank 0: consume `tensors` (in manifest order; e.g. gathered one by one) into
+        buckets and broadcast them, filling the next while the previous is in flight."""
+        t0, wait_s, nbytes = time.perf_counter(), 0.0, 0
+        pending = None
+        it = iter(tensors)
+        for bucket in plan_buckets(specs, bucket_bytes):
+            dtype = _dtype(specs[bucket[0]].dtype)
+            if len(bucket) == 1:  # a tensor as large as a bucket goes as is: no copy
+                buf = next(it).to(device=self.device, dtype=dtype).contiguous().reshape(-1)
+            else:
+                buf = torch.empty(sum(specs[i].numel for i in bucket), dtype=dtype,
+                                  device=self.device)
+                off = 0
+                for i in bucket:
+                    n = specs[i].numel
+                    buf[off:off + n].copy_(next(it).reshape(-1))
+                    off += n
+            if pending is not None:
+                tw = time.perf_counter()
+                pending.wait()
+                wait_s += time.perf_counter() - tw
+            pending = self._broadcast(buf)
+            nbytes += buf.numel() * buf.element_size()
+        if pending is not None:
+            tw = time.perf_counter()
+            pending.wait()
+            wait_s += time.perf_counter() - tw
+        return {"send_s": time.perf_counter() - t0, "wire_wait_s": wait_s, "bytes": nbytes}
+
+    def recv(self, specs: list[TensorSpec], bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """Receivers: (name, tensor) views into each received bucket, in manifest order;
+        the next bucket is already being received while the caller copies these out."""
+        buckets = plan_buckets(specs, bucket_bytes)
+
+        def post(bucket):
+            buf = torch.empty(sum(specs[i].numel for i in bucket),
+                              dtype=_dtype(specs[bucket[0]].dtype), device=self.device)
+            return buf, self._broadcast(buf)
+
+        nxt = post(buckets[0]) if buckets else None
+        for k, bucket in enumerate(buckets):
+            buf, work = nxt
+            work.wait()
+            nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
+            off = 0
+            for i in bucket:
+                n = specs[i].numel
+                yield specs[i].name, buf[off:off + n].view(specs[i].shape)
+                off += n
+
+    def close(self) -> None:
+        # Dropping the reference releases the group; gloo has no explicit abort.
+        self.pg = None
+
+
+def memcpy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """This machine's memcpy bandwidth in bytes/s: one thread copying `nbytes` between
+    two buffers (best of `repeats`), the yardstick a push's bytes/s is compared to."""
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # plain memcpy: torch would split a large copy over threads
+    try:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return nbytes / best
+
+
+class SharedMemoryWeights:
+    """Rank 0's side of the `shm` path: two files in /dev/shm, sized once and rewritten
+    in place, alternating. A push completes (every replica acked) before the next one
+    starts, so the file being written was last read two pushes ago, by replicas that
+    have all moved on; a replica that registers late reads the other one."""
+
+    def __init__(self, name: str):
+        root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        self.paths = [root / f"areal-weights-{name}-{k}.bin" for k in (0, 1)]
+        self.bufs: list[torch.Tensor | None] = [None, None]
+        self.slot = 1
+
+    def write(self, tensors: Iterable[torch.Tensor], specs: list[TensorSpec]) -> dict:
+        self.slot = 1 - self.slot
+        offsets, total = [], 0
+        for sp in specs:
+            offsets.append(total)
+            total += sp.numel * _dtype(sp.dtype).itemsize
+        buf = self.bufs[self.slot]
+        if buf is None or buf.numel() != total:
+            buf = self.bufs[self.slot] = torch.from_file(
+                str(self.paths[self.slot]), shared=True, size=total, dtype=torch.uint8)
+        for sp, off, t in zip(specs, offsets, tensors):
+            n = sp.numel * _dtype(sp.dtype).itemsize
+            buf[off:off + n].view(_dtype(sp.dtype)).copy_(t.reshape(-1))
+        return {"kind": "shm", "path": str(self.paths[self.slot]), "size": total,
+                "specs": specs, "offsets": offsets}
+
+    def unlink(self) -> None:
+        self.bufs = [None, None]
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+
+
+def read_shared(payload: dict, maps: dict | None = None) -> dict[str, torch.Tensor]:
+    """Views into the mapped file: no copy until the engine loads them. `maps` keeps
+    mappings between pushes, so their page tables are filled only once."""
+    key = (payload["path"], payload["size"])
+    buf = maps.get(key) if maps is not None else None
+    if buf is None:
+        buf = torch.from_file(payload["path"], shared=True, size=payload["size"], dtype=torch.uint8)
+        if maps is not None:
+            maps[key] = buf
+    out = {}
+    for sp, off in zip(payload["specs"], payload["offsets"]):
+        sp = sp if isinstance(sp, TensorSpec) else TensorSpec(*sp)
+        n = sp.numel * _dtype(sp.dtype).itemsize
+        out[sp.name] = buf[off:off + n].view(_dtype(sp.dtype)).view(sp.shape)
+    return out
+
+
+def put_state(state: dict[str, torch.Tensor]) -> list:
+    """The object-store path: `[ref]` of the tensors as raw numpy byte arrays, which Ray
+    stores with one copy and hands to every reader as zero-copy views of shared
+    memory (pickled torch tensors would be copied again on every read)."""
+    import ray
+    return [ray.put({k: (v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(),
+                         str(v.dtype).removeprefix("torch."), tuple(v.shape))
+                     for k, v in state.items()})]
+
+
+def state_from(stored: dict) -> dict[str, torch.Tensor]:
+    """Tensors viewing what `put_state` stored (read-only memory: load, don't write)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "not writable": we only read
+        return {k: torch.from_numpy(a).view(_dtype(d)).reshape(shape)
+                for k, (a, d, shape) in stored.items()}
+
+
+class WeightReceiver:
+    """A replica's side of every path: turns a publication's payload into a state dict
+    (tensors may be views into received buckets: the engine's load is the one copy).
+    Keeps the collective group of the current epoch between pushes."""
+
+    def __init__(self, replica_id: str, timeout_s: float = 60.0, backend: str = "gloo"):
+        self.replica_id, self.timeout_s, self.backend = replica_id, timeout_s, backend
+        self._group: WeightGroup | None = None
+        self._store_key = None
+        self._store = None
+        self._maps: dict = {}
+
+    def joins(self, payload) -> bool:
+        """False for a collective push formed before this replica registered."""
+        return not (isinstance(payload, dict) and payload.get("kind") == "collective"
+                    and self.replica_id not in payload["ranks"])
+
+    def receive(self, payload) -> dict[str, torch.Tensor]:
+        """Blocking (run it in a thread). Raises if a collective transfer fails; the
+        group is then dropped and the next publication (the fallback) is awaited."""
+        if payload.get("kind") == "disk":
+            from safetensors.torch import load_file
+            return load_file(payload["path"])
+        if payload.get("kind") == "shm":
+            if len(self._maps) > 2:  # a new run or size: drop old mappings
+                self._maps.clear()
+            return read_shared(payload, self._maps)
+        try:
+            group = self._group_for(payload)
+            specs = [TensorSpec(*s) if not isinstance(s, TensorSpec) else s for s in payload["specs"]]
+            return dict(group.recv(specs, payload["bucket_bytes"]))
+        except Exception:
+            self._group = None
+            raise
+
+    def _group_for(self, payload) -> WeightGroup:
+        if self._group is not None and self._group.epoch == payload["epoch"]:
+            return self._group
+        host, port = payload["store"]
+        if self._store_key != (host, port):
+            self._store = WeightGroup.connect(host, port, self.timeout_s)
+            self._store_key = (host, port)
+        self._group = WeightGroup(self._store, payload["epoch"], payload["ranks"][self.replica_id],
+                                  payload["world"], self.timeout_s, self.backend)
+        return self._group
+
+
+def digest(state: dict[str, torch.Tensor]) -> str:
+    """A hash of names and exact bytes: equal digests mean bit-identical weights."""
+    import hashlib
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k].detach().cpu().contiguous()
+        h.update(k.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
