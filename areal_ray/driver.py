@@ -103,8 +103,9 @@ class Driver:
         """A new pipeline is being built: pause admissions until `restore()`."""
         async with self._c():
             self._generation += 1
+            # Admissions wait for restore(), which resets the gate: the old pipeline's
+            # running groups are abandoned.
             self._paused = True
-            self.gate.state.running = 0  # the old pipeline's groups are abandoned
             self._c().notify_all()
             return self._generation
 
@@ -150,7 +151,8 @@ class Driver:
         return self.gate.state.version
 
     # ------------------------------------------------------------ weight sync
-    async def register_replica(self, replica_id: str, node_id: str = "") -> tuple[int, int, list | None]:
+    async def register_replica(self, replica_id: str,
+                               node_id: str = "") -> tuple[int, int, list | None]:
         """A new replica gets the latest publication. A collective one is a broadcast
         already under way without it: it must not hold up that push's acks, and it
         loads the next publication (every step pushes one; `close()` makes a last one)."""

@@ -30,7 +30,7 @@ from areal_ray.data.prompts import eval_rows, train_rows
 from areal_ray.driver import Driver
 from areal_ray.eval import evaluate
 from areal_ray.tracking import RunTracker, lineage, read_events
-from areal_ray.train.checkpoint import save_hf
+from areal_ray.train.checkpoint import checkpoint_dirs, save_hf
 from areal_ray.train.loop import train_loop_per_worker
 from areal_ray.weights import state_from
 from deployments.rollout import DEPLOYMENT_NAME, build_app
@@ -116,10 +116,6 @@ class StepTail:
         return lineage(self.events)
 
 
-def checkpoints_in(run_dir: Path) -> list[Path]:
-    return sorted(p for p in (run_dir / TRAIN_DIR).glob("checkpoint_*") if p.is_dir())
-
-
 def prompt_count(cfg: Config) -> int:
     """Prompts the pipeline needs: one per trained group, more when the dynamic filter
     may drop some (`algo.filter_prompt_factor` per trained group)."""
@@ -134,10 +130,10 @@ def run_training(cfg: Config) -> dict:
     held_out = eval_rows(cfg.task)
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     resume = cfg.run.resume
-    if resume and not checkpoints_in(run_dir):
+    if resume and not checkpoint_dirs(run_dir / TRAIN_DIR):
         raise ConfigError(f"run.resume: {run_dir} has no checkpoint to resume from "
                           "(train.checkpoint_every must be > 0 in the run to resume)")
-    if not resume and checkpoints_in(run_dir):
+    if not resume and checkpoint_dirs(run_dir / TRAIN_DIR):
         raise ConfigError(f"{run_dir} already holds checkpoints of a run: pass run.resume=true "
                           "to continue it, or choose another run.run_dir")
     init_ray(cfg)

@@ -1,6 +1,7 @@
 """Weight sync: pushing a new policy version from trainer rank 0 to every replica.
 
-Three paths, one publication format (a small dict the driver hands to replicas):
+Four paths (`weights.path`; `auto` picks `shm` or `collective`), each a payload the
+driver hands to replicas:
 
 * `collective` (default on a cluster): a standalone process group (gloo on CPU, NCCL on
   GPU) of trainer rank 0 (rank 0) and the rollout replicas, separate from Ray Train's
@@ -11,13 +12,13 @@ Three paths, one publication format (a small dict the driver hands to replicas):
   (gathering FSDP shards parameter by parameter) while bucket k is on the wire, and
   receivers copy out of a bucket while the next one arrives. Every call has a timeout,
   so a dead member turns into an error, never a hang.
-* `object_store`: one `ray.put` of the full state dict, every replica reads it (also
-  the fallback when a collective push fails).
+* `object_store`: one `ray.put` of the full state dict (`put_state`), every replica
+  reads it (also the fallback when a collective push fails).
 * `disk`: an HF safetensors file on shared storage, for engines that load from disk.
 * `shm`: for replicas on the trainer's node, shared-memory files (/dev/shm) that
   rank 0 rewrites in place, two alternating; every replica maps the current one and
-  its load is the only copy on its side. This is the path that comes near memory bandwidth on one machine
-  (`jobs/bench_weights.py`); it cannot reach other nodes.
+  its load is the only copy on its side. This is the path that comes near memory
+  bandwidth on one machine (`jobs/bench_weights.py`); it cannot reach other nodes.
 
 The manifest (names, shapes, dtypes) travels with the publication, so receivers need
 no model of their own to unpack buckets.
@@ -52,6 +53,10 @@ class TensorSpec:
             n *= d
         return n
 
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _dtype(self.dtype).itemsize
+
 
 def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:
     """Specs in send order; `dtype` converts for the receiver (empty: keep)."""
@@ -65,7 +70,7 @@ def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
     buckets: list[list[int]] = []
     size, dtype = 0, None
     for i, s in enumerate(specs):
-        nbytes = s.numel * _dtype(s.dtype).itemsize
+        nbytes = s.nbytes
         if buckets and size + nbytes <= bucket_bytes and s.dtype == dtype:
             buckets[-1].append(i)
             size += nbytes
@@ -90,7 +95,7 @@ class WeightGroup:
 
     def __init__(self, store: dist.Store, epoch: int, rank: int, world: int,
                  timeout_s: float, backend: str = "gloo"):
-        self.rank, self.world, self.epoch = rank, world, epoch
+        self.epoch = epoch
         self.timeout = datetime.timedelta(seconds=timeout_s)
         prefixed = dist.PrefixStore(f"weights-epoch-{epoch}", store)
         if backend == "nccl":
@@ -114,7 +119,7 @@ class WeightGroup:
              bucket_bytes: int) -> dict:
         """Rank 0: consume `tensors` (in manifest order; e.g. gathered one by one) into
         buckets and broadcast them, filling the next while the previous is in flight."""
-        t0, wait_s, nbytes = time.perf_counter(), 0.0, 0
+        t0, nbytes = time.perf_counter(), 0
         pending = None
         it = iter(tensors)
         for bucket in plan_buckets(specs, bucket_bytes):
@@ -130,16 +135,12 @@ class WeightGroup:
                     buf[off:off + n].copy_(next(it).reshape(-1))
                     off += n
             if pending is not None:
-                tw = time.perf_counter()
                 pending.wait()
-                wait_s += time.perf_counter() - tw
             pending = self._broadcast(buf)
             nbytes += buf.numel() * buf.element_size()
         if pending is not None:
-            tw = time.perf_counter()
             pending.wait()
-            wait_s += time.perf_counter() - tw
-        return {"send_s": time.perf_counter() - t0, "wire_wait_s": wait_s, "bytes": nbytes}
+        return {"send_s": time.perf_counter() - t0, "bytes": nbytes}
 
     def recv(self, specs: list[TensorSpec], bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Receivers: (name, tensor) views into each received bucket, in manifest order;
@@ -161,10 +162,6 @@ class WeightGroup:
                 n = specs[i].numel
                 yield specs[i].name, buf[off:off + n].view(specs[i].shape)
                 off += n
-
-    def close(self) -> None:
-        # Dropping the reference releases the group; gloo has no explicit abort.
-        self.pg = None
 
 
 def memcpy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
@@ -202,14 +199,13 @@ class SharedMemoryWeights:
         offsets, total = [], 0
         for sp in specs:
             offsets.append(total)
-            total += sp.numel * _dtype(sp.dtype).itemsize
+            total += sp.nbytes
         buf = self.bufs[self.slot]
         if buf is None or buf.numel() != total:
             buf = self.bufs[self.slot] = torch.from_file(
                 str(self.paths[self.slot]), shared=True, size=total, dtype=torch.uint8)
         for sp, off, t in zip(specs, offsets, tensors):
-            n = sp.numel * _dtype(sp.dtype).itemsize
-            buf[off:off + n].view(_dtype(sp.dtype)).copy_(t.reshape(-1))
+            buf[off:off + sp.nbytes].view(_dtype(sp.dtype)).copy_(t.reshape(-1))
         return {"kind": "shm", "path": str(self.paths[self.slot]), "size": total,
                 "specs": specs, "offsets": offsets}
 
@@ -230,9 +226,7 @@ def read_shared(payload: dict, maps: dict | None = None) -> dict[str, torch.Tens
             maps[key] = buf
     out = {}
     for sp, off in zip(payload["specs"], payload["offsets"]):
-        sp = sp if isinstance(sp, TensorSpec) else TensorSpec(*sp)
-        n = sp.numel * _dtype(sp.dtype).itemsize
-        out[sp.name] = buf[off:off + n].view(_dtype(sp.dtype)).view(sp.shape)
+        out[sp.name] = buf[off:off + sp.nbytes].view(_dtype(sp.dtype)).view(sp.shape)
     return out
 
 
@@ -284,8 +278,7 @@ class WeightReceiver:
             return read_shared(payload, self._maps)
         try:
             group = self._group_for(payload)
-            specs = [TensorSpec(*s) if not isinstance(s, TensorSpec) else s for s in payload["specs"]]
-            return dict(group.recv(specs, payload["bucket_bytes"]))
+            return dict(group.recv(payload["specs"], payload["bucket_bytes"]))
         except Exception:
             self._group = None
             raise

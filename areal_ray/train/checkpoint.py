@@ -99,6 +99,11 @@ def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str) 
 REQUIRED = (STATE_FILE, "model/config.json", "optimizer.pt", "scheduler.pt")
 
 
+def checkpoint_dirs(root: str | Path) -> list[Path]:
+    """Every checkpoint directory Ray Train wrote under `root`, complete or not."""
+    return sorted(p for p in Path(root).glob("checkpoint_*") if p.is_dir())
+
+
 def latest_checkpoint(root: str | Path, reported=None) -> Path | None:
     """The complete checkpoint with the highest version under `root`, or Ray Train's
     `reported` one if it is as new. Scanning the storage as well matters: Ray Train
@@ -106,7 +111,7 @@ def latest_checkpoint(root: str | Path, reported=None) -> Path | None:
     killed shortly after saving can leave a newer checkpoint on disk than the one
     `ray.train.get_checkpoint()` returns after the restart."""
     best, best_version = None, -1
-    candidates = list(Path(root).glob("checkpoint_*")) if Path(root).is_dir() else []
+    candidates = checkpoint_dirs(root)
     if reported is not None:
         candidates.append(Path(reported.path))
     for d in candidates:

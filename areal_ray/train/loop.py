@@ -148,7 +148,8 @@ def train_loop_per_worker(config: dict) -> None:
         if dist.is_initialized():
             dist.barrier()
     if rank == 0:  # the driver keeps the final weights (late replicas, the final model)
-        final = put_state(weights) if cfg.weights.path != "object_store" and start < cfg.train.steps else None
+        trained = start < cfg.train.steps
+        final = put_state(weights) if trained and cfg.weights.path != "object_store" else None
         ray.get(driver.close.remote(final))
         pusher.close()
 

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import ray
 import torch
+import torch.distributed as dist
 
 from areal_ray.config import WeightsConfig
 from areal_ray.train.fsdp import full_state_dict
 from areal_ray.weights import (
     SharedMemoryWeights,
-    TensorSpec,
     WeightGroup,
     free_port,
+    manifest_of,
     put_state,
 )
 
@@ -39,14 +40,15 @@ def iter_full(model) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, t.detach()
 
 
-def specs_of(model, dtype: str) -> list[TensorSpec]:
-    """The manifest from global shapes, before anything is gathered."""
-    return specs_of_dict(model.state_dict(), dtype)
+def state_bytes(state: dict) -> int:
+    return sum(v.numel() * v.element_size() for v in state.values())
 
 
-def specs_of_dict(state: dict, dtype: str) -> list[TensorSpec]:
-    return [TensorSpec(k, tuple(v.shape), dtype or str(v.dtype).removeprefix("torch."))
-            for k, v in state.items()]
+def push_stats(path: str, nbytes: int, transfer_s: float, push: dict) -> dict:
+    """A step record's push fields; `push` is the driver's reply (acks, drops)."""
+    return {"push_path": path, "push_bytes": nbytes, "push_transfer_s": transfer_s,
+            "push_load_s": push["load_s"], "replicas": push["replicas"],
+            "push_dropped": len(push["dropped"])}
 
 
 class WeightPusher:
@@ -90,7 +92,6 @@ class WeightPusher:
 
     @staticmethod
     def _agree(path: str) -> str:
-        import torch.distributed as dist
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return path
         box = [path]
@@ -107,7 +108,7 @@ class WeightPusher:
         if path == "shm":
             if self.shm is None:
                 self.shm = SharedMemoryWeights(uuid.uuid4().hex[:12])
-            payload = self.shm.write(weights.values(), specs_of_dict(weights, self.cfg.dtype))
+            payload = self.shm.write(weights.values(), manifest_of(weights.items(), self.cfg.dtype))
         elif path == "disk":
             from safetensors.torch import save_file
             self.weights_dir.mkdir(parents=True, exist_ok=True)
@@ -117,16 +118,14 @@ class WeightPusher:
             (self.weights_dir / f"v{version - 2}.safetensors").unlink(missing_ok=True)
         else:
             payload = put_state(weights)
-        nbytes = sum(v.numel() * v.element_size() for v in weights.values())
         stage_s = time.perf_counter() - t0
         push = ray.get(self.driver.push_weights.remote(version, payload))
-        return {"push_path": path, "push_bytes": nbytes, "push_transfer_s": stage_s,
-                "push_load_s": push["load_s"], "replicas": push["replicas"],
-                "push_dropped": len(push["dropped"])}
+        return push_stats(path, state_bytes(weights), stage_s, push)
 
     def _push_collective(self, model, version: int, t0: float) -> tuple[dict, dict]:
-        dtype = self.cfg.dtype
-        specs = specs_of(model, dtype)
+        # The manifest from global shapes, before anything is gathered; the transfer
+        # dtype is applied by the sender as it fills each bucket.
+        specs = manifest_of(model.state_dict().items(), self.cfg.dtype)
         weights: dict[str, torch.Tensor] = {}
         gather_s = [0.0]
 
@@ -140,7 +139,7 @@ class WeightPusher:
                 name, t = item
                 weights[name] = t = t.cpu()
                 gather_s[0] += time.perf_counter() - tg
-                yield t.to(getattr(torch, dtype)) if dtype else t
+                yield t
 
         tensors = stream()
         plan = ray.get(self.driver.begin_push.remote(version, specs, self.cfg.bucket_mb << 20))
@@ -155,10 +154,7 @@ class WeightPusher:
                                              self.cfg.timeout_s, self.cfg.backend)
                 sent = self.group.send(tensors, specs, self.cfg.bucket_mb << 20)
                 push = ray.get(self.driver.end_push.remote(version, plan["serial"]))
-                stats = {"push_path": "collective", "push_bytes": sent["bytes"],
-                         "push_transfer_s": sent["send_s"] - gather_s[0],
-                         "push_load_s": push["load_s"], "replicas": push["replicas"],
-                         "push_dropped": len(push["dropped"])}
+                stats = push_stats("collective", sent["bytes"], sent["send_s"] - gather_s[0], push)
             except RuntimeError as e:  # a member died or timed out: no hang, fall back
                 print(f"[areal-ray] collective push of v{version} failed ({str(e)[:120]}); "
                       "falling back to the object store", flush=True)
@@ -166,9 +162,6 @@ class WeightPusher:
                 for _ in tensors:  # finish the gather: the other trainer ranks are in it
                     pass
                 push = ray.get(self.driver.fallback_push.remote(version, put_state(weights)))
-                stats = {"push_path": "object_store (fallback)",
-                         "push_bytes": sum(v.numel() * v.element_size() for v in weights.values()),
-                         "push_transfer_s": 0.0, "push_load_s": push["load_s"],
-                         "replicas": push["replicas"], "push_dropped": len(push["dropped"])}
+                stats = push_stats("object_store (fallback)", state_bytes(weights), 0.0, push)
         stats.update(push_gather_s=gather_s[0], push_total_s=time.perf_counter() - t0)
         return weights, stats
