@@ -19,9 +19,14 @@ from areal_ray.algo.kl import KL_ESTIMATORS
 from areal_ray.weights import PATHS
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
+BACKENDS = ("hf", "sglang")
+BATCHING = ("continuous", "static")
+ROUTERS = ("least_tokens", "pow2")
 
 
 def opt(default: Any, help: str):  # noqa: A002 - "help" reads best at the call sites
+    if isinstance(default, (dict, list)):  # mutable: each config gets its own copy
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
 
 
@@ -43,12 +48,21 @@ class TaskConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = opt("hf", "inference engine: hf (transformers, CPU/GPU)")
+    backend: str = opt("hf", "inference engine: hf (transformers, CPU/GPU) | sglang (GPU; requirements-gpu.txt)")
+    batching: str = opt("continuous", "hf engine: continuous (requests join the running batch) | static (batch at a time)")
+    interrupt: bool = opt(True, "a weight push aborts running generations, which clients resubmit (interruptible rollout); false: the push waits for them to finish")
+    rolling_update: bool = opt(False, "replicas load a push one at a time while the others keep generating; false: all at once (AReaL)")
+    router: str = opt("least_tokens", "Serve request routing: least_tokens (least outstanding generation budget) | pow2 (Serve's default: fewer ongoing requests of two random replicas)")
     min_replicas: int = opt(1, "Serve autoscaling: fewest rollout replicas")
     max_replicas: int = opt(1, "Serve autoscaling: most rollout replicas")
+    target_ongoing_requests: int = opt(0, "Serve autoscaling target per replica; 0: max_ongoing_requests / 2")
+    upscale_delay_s: float = opt(30.0, "Serve autoscaling: how long demand must exceed the target before a replica is added")
+    downscale_delay_s: float = opt(600.0, "Serve autoscaling: how long demand must be below the target before a replica is removed")
     max_ongoing_requests: int = opt(256, "requests one replica accepts at once (Serve)")
     max_batch_size: int = opt(128, "most sequences in one engine batch")
     num_cpus: float = opt(1.0, "CPUs reserved per rollout replica")
+    num_gpus: float = opt(0.0, "GPUs reserved per rollout replica (sglang: 1)")
+    engine_kwargs: dict = opt({}, "extra keyword arguments of the engine (sglang: sglang.Engine server args, e.g. mem_fraction_static)")
     group_size: int = opt(8, "samples per prompt (the GRPO group)")
     max_new_tokens: int = opt(96, "generation budget per sample, kept across interruptions")
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
@@ -168,7 +182,10 @@ def validate(cfg: Config) -> Config:
         (1 <= cfg.algo.ppo_minibatches <= cfg.algo.batch_groups,
          "algo.ppo_minibatches must be in [1, algo.batch_groups]"),
         (cfg.train.steps >= 1, "train.steps must be >= 1"),
-        (cfg.rollout.backend in ("hf",), f"rollout.backend {cfg.rollout.backend!r} is not one of: hf"),
+        (cfg.rollout.backend in BACKENDS, f"rollout.backend {cfg.rollout.backend!r} is not one of {BACKENDS}"),
+        (cfg.rollout.batching in BATCHING, f"rollout.batching {cfg.rollout.batching!r} is not one of {BATCHING}"),
+        (cfg.rollout.router in ROUTERS, f"rollout.router {cfg.rollout.router!r} is not one of {ROUTERS}"),
+        (cfg.rollout.target_ongoing_requests >= 0, "rollout.target_ongoing_requests must be >= 0"),
         (cfg.algo.dual_clip is None or cfg.algo.dual_clip > 1, "algo.dual_clip must be > 1 or null"),
         (cfg.algo.adv_estimator in ESTIMATORS + ("gae",),
          f"algo.adv_estimator {cfg.algo.adv_estimator!r} is not one of {ESTIMATORS + ('gae',)}"),
@@ -230,5 +247,6 @@ def help_lines(cls=Config, prefix: str = "") -> list[str]:
         if sub is not None and is_dataclass(sub):
             lines.extend(help_lines(sub, key + "."))
         else:
-            lines.append(f"  {key} = {f.default!r}    # {f.metadata.get('help', '')}")
+            default = sub() if sub is not None else f.default
+            lines.append(f"  {key} = {default!r}    # {f.metadata.get('help', '')}")
     return lines

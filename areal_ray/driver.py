@@ -9,6 +9,8 @@ actor, so no two parts can disagree:
 * rollout replicas `register_replica()` when they start (and load the latest weights
   before serving), then long-poll `wait_for_weights()` and `ack()` each version they
   loaded: pushes are pulled, so a replica that starts mid-run catches up by itself;
+  with rolling updates a replica holds the load slot (`acquire_load_slot()`) while it
+  swaps weights, so only one replica at a time stops generating;
 * trainer rank 0 calls `push_weights(version, [ref])` after each optimizer step; it
   returns once every registered replica has loaded the version (replicas that miss
   `push_timeout_s` are dropped), and only then does the gate's version advance.
@@ -65,6 +67,7 @@ class Driver:
         self._epoch = 0
         self._load_s: dict[str, tuple[int, float]] = {}  # replica -> (serial, load seconds)
         self._nodes: dict[str, str] = {}  # replica -> Ray node id
+        self._loader: str | None = None  # rolling updates: the replica swapping weights now
 
     def _c(self) -> asyncio.Condition:
         if self._cond is None:
@@ -251,6 +254,20 @@ class Driver:
         return {"version": version, "push_s": time.perf_counter() - t0,
                 "replicas": len(self._replicas), "dropped": dropped,
                 "load_s": max(loads, default=0.0)}
+
+    async def acquire_load_slot(self, replica_id: str) -> None:
+        """Rolling updates: one replica swaps weights at a time. A holder that died or
+        was dropped frees the slot (it is no longer registered)."""
+        async with self._c():
+            await self._c().wait_for(lambda: self._loader in (None, replica_id)
+                                     or self._loader not in self._replicas)
+            self._loader = replica_id
+
+    async def release_load_slot(self, replica_id: str) -> None:
+        async with self._c():
+            if self._loader == replica_id:
+                self._loader = None
+                self._c().notify_all()
 
     def replicas(self) -> dict[str, int]:
         return dict(self._replicas)

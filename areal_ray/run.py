@@ -148,14 +148,8 @@ def run_training(cfg: Config) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     try:
         serve.start(proxy_location="Disabled")
-        handle = serve.run(build_app(
-            model_path, driver_name, namespace, min_replicas=cfg.rollout.min_replicas,
-            max_replicas=cfg.rollout.max_replicas,
-            max_ongoing_requests=cfg.rollout.max_ongoing_requests,
-            max_batch_size=cfg.rollout.max_batch_size, num_cpus=cfg.rollout.num_cpus,
-            dtype=cfg.model.dtype, torch_threads=cfg.rollout.torch_threads,
-            weights_timeout_s=cfg.weights.timeout_s, weights_backend=cfg.weights.backend),
-            name=app_name, route_prefix=None)
+        handle = serve.run(build_app(cfg, model_path, driver_name, namespace),
+                           name=app_name, route_prefix=None)
         # A resumed run's "before" was measured by the job that started it.
         before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens) \
             if cfg.run.eval_before and not resume else None

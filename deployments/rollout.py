@@ -3,9 +3,16 @@
 Each replica registers with the run's driver actor before it serves anything and
 loads the latest pushed weights, so a replica added by autoscaling (or restarted)
 never generates with stale weights. A background task then long-polls the driver for
-new publications (a new version, or a rollback after a trainer restart): on each one
-it aborts in-flight generation (the engine returns partial
-outputs, which clients resubmit), loads the weights and acks the version.
+new publications (a new version, or a rollback after a trainer restart) and loads
+each one into the engine: with `rollout.interrupt` the engine aborts in-flight
+generation (partial outputs go back to the clients, which resubmit them), otherwise
+it lets running requests finish first. With `rollout.rolling_update` a replica takes
+the driver's load slot first, so replicas swap weights one at a time while the others
+keep generating; every token still carries the version that produced it.
+
+The driver never calls replicas: they pull. That is how it reaches every replica,
+including ones Serve starts or restarts mid-run, without tracking Serve's replica set.
+Requests are routed by least outstanding generation budget (areal_ray/rollout/router.py).
 
 Without a driver (`driver_name=""`) the app serves the model's weights from disk at
 version 0, which is how evaluation of a checkpoint runs.
@@ -16,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 import ray
 import torch
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 
+from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
-from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.weights import WeightReceiver, digest, state_from
 
 logger = logging.getLogger("ray.serve")
@@ -31,19 +41,47 @@ APP_NAME = "areal-rollout"
 DEPLOYMENT_NAME = "Rollout"
 
 
+@dataclass
+class ServerOptions:
+    """What one replica needs from the run config (small and picklable)."""
+    backend: str = "hf"
+    batching: str = "continuous"
+    max_batch_size: int = 64
+    dtype: str = "float32"
+    torch_threads: int = 1
+    interrupt: bool = True
+    rolling_update: bool = False
+    weights_timeout_s: float = 60.0
+    weights_backend: str = "gloo"
+    engine_kwargs: dict | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> "ServerOptions":
+        r = cfg.rollout
+        return cls(backend=r.backend, batching=r.batching, max_batch_size=r.max_batch_size,
+                   dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
+                   rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
+                   weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs))
+
+
 @serve.deployment(name=DEPLOYMENT_NAME, health_check_period_s=5, health_check_timeout_s=60)
 class RolloutServer:
     async def __init__(self, model_path: str, driver_name: str = "", namespace: str = "",
-                   max_batch_size: int = 64, dtype: str = "float32", torch_threads: int = 1,
-                   weights_timeout_s: float = 60.0, weights_backend: str = "gloo"):
-        torch.set_num_threads(torch_threads)
-        self.engine = HFEngine(model_path, max_batch_size=max_batch_size, dtype=dtype)
+                   opts: ServerOptions | None = None):
+        opts = opts or ServerOptions()
+        torch.set_num_threads(opts.torch_threads)
+        self.engine = build_engine(opts.backend, model_path, max_batch_size=opts.max_batch_size,
+                                   dtype=opts.dtype, batching=opts.batching,
+                                   engine_kwargs=opts.engine_kwargs)
+        self.update_mode = "abort" if opts.interrupt else "wait"
+        self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.driver = ray.get_actor(driver_name, namespace=namespace) if driver_name else None
         self._watcher = None
         self.serial = 0  # the driver's publication this replica serves (0: from disk)
         self.failed_serial = 0
-        self.receiver = WeightReceiver(self.replica_id, weights_timeout_s, weights_backend)
+        self.updates: list[dict] = []  # when each load held the engine (rolling-update checks)
+        self.receiver = WeightReceiver(self.replica_id, opts.weights_timeout_s, opts.weights_backend)
         if self.driver is not None:
             got = await self.driver.register_replica.remote(
                 self.replica_id, ray.get_runtime_context().get_node_id())
@@ -62,9 +100,21 @@ class RolloutServer:
                 state_dict = state_from(await payload[0])
             else:  # collective or disk; received while generation goes on
                 state_dict = await asyncio.to_thread(self.receiver.receive, payload)
-            await self.engine.update_weights(state_dict, version)
+            await self._swap(state_dict, version)
         self.serial = serial
         await self.driver.ack.remote(self.replica_id, serial, time.perf_counter() - t0)
+
+    async def _swap(self, state_dict: dict, version: int) -> None:
+        if self.rolling:
+            await self.driver.acquire_load_slot.remote(self.replica_id)
+        try:
+            t0 = time.time()
+            info = await self.engine.update_weights(state_dict, version, self.update_mode)
+            self.updates = (self.updates + [{"version": version, "start": t0, "end": time.time(),
+                                             **info}])[-16:]
+        finally:
+            if self.rolling:
+                await self.driver.release_load_slot.remote(self.replica_id)
 
     async def _watch(self) -> None:
         while True:
@@ -89,12 +139,11 @@ class RolloutServer:
                        temperature: float = 1.0, ignore_eos: bool = False) -> dict:
         res = await self.engine.generate(GenerationRequest(
             list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos))
-        return {"output_ids": res.output_ids, "logprobs": res.logprobs,
-                "versions": res.versions, "stop_reason": res.stop_reason}
+        return res.to_dict()
 
     def stats(self) -> dict:
         return {"replica_id": self.replica_id, "version": self.engine.get_version(),
-                "serial": self.serial, **self.engine.load()}
+                "serial": self.serial, "updates": self.updates, **self.engine.load()}
 
     def weights_digest(self) -> dict:
         """Which exact weights this replica serves (sha256 of its state dict)."""
@@ -113,19 +162,24 @@ class RolloutServer:
                 pass
 
 
-def build_app(model_path: str, driver_name: str, namespace: str, *, min_replicas: int = 1,
-              max_replicas: int = 1, max_ongoing_requests: int = 256, max_batch_size: int = 64,
-              num_cpus: float = 1.0, dtype: str = "float32", torch_threads: int = 1,
-              weights_timeout_s: float = 60.0, weights_backend: str = "gloo"):
-    if min_replicas == max_replicas:
-        scaling = {"num_replicas": min_replicas}
+def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):
+    """The rollout app for run config `cfg`: replica count or autoscaling range,
+    per-replica request limit and resources, and the request router."""
+    r = cfg.rollout
+    if r.min_replicas == r.max_replicas:
+        scaling = {"num_replicas": r.min_replicas}
     else:
         scaling = {"autoscaling_config": {
-            "min_replicas": min_replicas, "max_replicas": max_replicas,
-            "target_ongoing_requests": max(1, max_ongoing_requests // 2)}}
+            "min_replicas": r.min_replicas, "max_replicas": r.max_replicas,
+            "target_ongoing_requests": r.target_ongoing_requests
+            or max(1, r.max_ongoing_requests // 2),
+            "upscale_delay_s": r.upscale_delay_s, "downscale_delay_s": r.downscale_delay_s}}
+    if r.router == "least_tokens":
+        scaling["request_router_config"] = RequestRouterConfig(
+            request_router_class=LeastOutstandingTokensRouter)
     return RolloutServer.options(
-        max_ongoing_requests=max_ongoing_requests, ray_actor_options={"num_cpus": num_cpus},
+        max_ongoing_requests=r.max_ongoing_requests,
+        ray_actor_options={"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
         logging_config={"enable_access_log": False},
         **scaling,
-    ).bind(model_path, driver_name, namespace, max_batch_size, dtype, torch_threads,
-           weights_timeout_s, weights_backend)
+    ).bind(model_path, driver_name, namespace, ServerOptions.from_config(cfg))

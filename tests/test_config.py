@@ -39,6 +39,9 @@ def test_every_key_has_help():
 @pytest.mark.parametrize("overrides,match", [
     (["algo.adv_estimator=magic"], "adv_estimator"),
     (["algo.overlong_tokens=500", "rollout.max_new_tokens=96"], "overlong_tokens"),
+    (["rollout.backend=vllm"], "rollout.backend"),
+    (["rollout.batching=dynamic"], "rollout.batching"),
+    (["rollout.router=round_robin"], "rollout.router"),
 ])
 def test_algorithm_choices_are_checked(overrides, match):
     with pytest.raises(ConfigError, match=match):

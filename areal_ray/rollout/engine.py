@@ -1,9 +1,11 @@
 """The inference-engine protocol and its request/response types.
 
-An engine generates for one request at a time from the caller's view (it may batch
+An engine generates for one request at a time from the caller's view (it batches
 internally), returns per-token behaviour logprobs and the policy version of every
-token, can be interrupted by a weight update, and reports its version and load.
-Backends: `HFEngine` (transformers; the CPU default) and, on GPUs, `SGLangEngine`.
+token, can be paused (aborting running requests, which come back with their partial
+output, or waiting for them to finish), takes weight updates, and reports its version
+and load. Backends: `HFEngine` (transformers; the CPU default, also runs on a GPU) and
+`SGLangEngine` (sglang on GPUs).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 STOP_REASONS = ("stop", "length", "abort")
+
+# How a pause (and so a weight update) treats requests that are running:
+# "abort" ends them now with their partial output (interruptible rollout);
+# "wait" lets them finish first and holds new ones back (wait-for-finish).
+PAUSE_MODES = ("abort", "wait")
 
 
 @dataclass
@@ -32,13 +39,31 @@ class GenerationResult:
     rid: str = ""
     meta: dict = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        """The wire form the rollout service returns to clients."""
+        return {"output_ids": self.output_ids, "logprobs": self.logprobs,
+                "versions": self.versions, "stop_reason": self.stop_reason}
+
+
+def check_pause_mode(mode: str) -> str:
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode {mode!r} is not one of {PAUSE_MODES}")
+    return mode
+
 
 @runtime_checkable
 class InferenceEngine(Protocol):
     async def generate(self, req: GenerationRequest) -> GenerationResult: ...
 
-    async def update_weights(self, state_dict: dict, version: int) -> dict: ...
+    async def pause(self, mode: str = "abort") -> None:
+        """Stop admitting requests; returns once nothing runs (see PAUSE_MODES)."""
+
+    async def resume(self) -> None: ...
+
+    async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
+        """pause(mode), load `state_dict`, serve `version` from now on, resume."""
 
     def get_version(self) -> int: ...
 
-    def load(self) -> dict: ...
+    def load(self) -> dict:
+        """At least: queued, running, outstanding_tokens (budget left of all requests)."""

@@ -1,90 +1,160 @@
-"""HFEngine: an interruptible, batching inference engine on transformers.
+"""HFEngine: a continuous-batching, interruptible inference engine on transformers.
 
-Requests queue up; a background task takes everything waiting (same temperature) and
-runs one batched `model.generate` in a worker thread, so the asyncio loop stays free
-to accept requests and weight updates. A weight update sets an abort flag that a
-`StoppingCriteria` checks after every token: the running batch stops at once, each
-request returns its partial output with stop reason "abort", the new weights are
-loaded under the generation lock, and the version is bumped. Because a batch never
-spans a weight update, every token of a result carries the version that produced it.
+A scheduler thread owns the model and the running rows, held in a few *cohorts*
+(`KVBatch`: one left-padded KV cache each). Every iteration it admits waiting
+requests (prefilled together as a new cohort, merged into one of similar width),
+runs one decode step per cohort, and retires the rows that hit EOS or their budget,
+so a short request never waits for a long one and a new one never waits for a batch
+to drain. Cohorts exist because every row attends over its cohort's full width: a
+wave of short requests merged next to a long generation would pay for the long one's
+length on every step. Finished rows are answered at once but compacted out of the
+cache only once a quarter of a cohort is dead (compaction copies the cache).
+`batching="static"` admits only into an empty batch: the classic batch-at-a-time
+engine, kept for the benchmark.
 
-Behaviour logprobs are taken from the raw logits that `generate` returns, divided by
-the sampling temperature; top-k/top-p are off so that these are exactly the logprobs
-of the distribution sampled from (a teacher-forced pass reproduces them).
+Why not transformers' own continuous-batching manager: its `pause()` lets weights be
+swapped under running sequences, which would mix versions inside a sequence's KV
+cache without a record of where, and `stop()` ends the manager; on CPU each of its
+steps also cost ~15 ms of fixed overhead, 3-7x slower than plain batched decoding
+for our tiny models (STACK_NOTES).
+
+Weight updates pause the scheduler between two steps: mode "abort" ends every running
+request at once with its partial output (stop reason "abort"; the client resubmits
+prompt + partial output, whose KV cache is recomputed under the new weights), mode
+"wait" holds new requests back until the running ones finish. Weights change only
+while no request runs, so every token carries the exact version that produced it.
+
+Behaviour logprobs are those of the distribution sampled from: the full softmax of
+logits / temperature, no top-k/top-p (greedy requests use temperature 1), so a
+teacher-forced pass reproduces them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    StoppingCriteria,
-    StoppingCriteriaList,
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from areal_ray.config import BATCHING
+from areal_ray.rollout.engine import (
+    GenerationRequest,
+    GenerationResult,
+    check_pause_mode,
 )
+from areal_ray.rollout.kv_batch import KVBatch, new_cache
 
-from areal_ray.rollout.engine import GenerationRequest, GenerationResult
+
+@dataclass
+class _Row:
+    req: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def remaining(self) -> int:
+        return self.req.max_new_tokens - len(self.out)
+
+    def finished(self, eos_id: int) -> str | None:
+        if self.out and self.out[-1] == eos_id and not self.req.ignore_eos:
+            return "stop"
+        return "length" if self.remaining() <= 0 else None
+
+    def resolve(self, reason: str | None = None, error: Exception | None = None) -> None:
+        res = None if error else GenerationResult(self.out, self.logprobs, self.versions,
+                                                  reason, self.req.rid)
+        self.loop.call_soon_threadsafe(_settle, self.future, res, error)
 
 
-class _BudgetOrAbort(StoppingCriteria):
-    """Per-row stop when a row used its own token budget; all rows stop on abort."""
-
-    def __init__(self, prompt_width: int, budgets: torch.Tensor, abort: threading.Event):
-        self.prompt_width = prompt_width
-        self.budgets = budgets
-        self.abort = abort
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        if self.abort.is_set():
-            return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        generated = input_ids.shape[1] - self.prompt_width
-        return (generated >= self.budgets).to(input_ids.device)
+def _settle(fut: asyncio.Future, res, error) -> None:
+    if not fut.done():  # the caller may have cancelled
+        fut.set_exception(error) if error else fut.set_result(res)
 
 
 class HFEngine:
     def __init__(self, model_path: str, max_batch_size: int = 64, device: str = "cpu",
-                 dtype: str = "float32", version: int = 0):
+                 dtype: str = "float32", version: int = 0, batching: str = "continuous",
+                 max_cohorts: int = 4, merge_ratio: float = 0.5,
+                 prefill_tokens: int = 4096):
+        if batching not in BATCHING:
+            raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        text_cfg = self.model.config.get_text_config(decoder=True)
+        kinds = getattr(text_cfg, "layer_types", None) or []
+        if getattr(text_cfg, "sliding_window", None) or any(k != "full_attention" for k in kinds):
+            raise NotImplementedError("HFEngine batches rows in one full-attention KV cache; "
+                                      "sliding-window attention is not supported")
+        self.num_layers = text_cfg.num_hidden_layers
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
         self.max_batch_size = max_batch_size
+        self._min_join = max(1, max_batch_size // 8)
+        self.batching = batching
         self.version = version
-        self._abort = threading.Event()
-        self._pending: deque[tuple[GenerationRequest, asyncio.Future]] = deque()
-        self._wakeup: asyncio.Event | None = None
-        self._gen_lock: asyncio.Lock | None = None
-        self._runner: asyncio.Task | None = None
-        self._running = 0
-        self._stats = {"tokens": 0, "batches": 0, "aborted_requests": 0, "busy_s": 0.0}
+        self._cv = threading.Condition()
+        self._waiting: deque[_Row] = deque()  # guarded by _cv
+        self._pause_mode: str | None = None  # guarded by _cv
+        self._pause_waiters: list[concurrent.futures.Future] = []  # guarded by _cv
+        self._closed = False
+        self._cohorts: list[KVBatch] = []  # scheduler thread only
+        self.max_cohorts = max_cohorts
+        self.merge_ratio = merge_ratio
+        self.prefill_tokens = prefill_tokens
+        self._thread: threading.Thread | None = None
+        self._stats = {"requests": 0, "tokens": 0, "steps": 0, "prefills": 0, "prefill_tokens": 0, "aborted_requests": 0,
+                       "busy_s": 0.0}
 
     # ----------------------------------------------------------------- public API
     async def generate(self, req: GenerationRequest) -> GenerationResult:
-        self._ensure_runner()
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((req, fut))
-        self._wakeup.set()
-        return await fut
+        if req.max_new_tokens <= 0:
+            return GenerationResult([], [], [], "length", req.rid)
+        if not req.input_ids:
+            raise ValueError("a generation request needs at least one prompt token")
+        loop = asyncio.get_running_loop()
+        row = _Row(req, loop, loop.create_future())
+        with self._cv:
+            self._waiting.append(row)
+            self._cv.notify()
+        self._ensure_thread()
+        res = await row.future
+        self._stats["requests"] += 1
+        return res
 
-    async def update_weights(self, state_dict: dict, version: int) -> dict:
-        """Abort in-flight generation, load `state_dict`, serve `version` from now on."""
-        self._ensure_runner()
+    async def pause(self, mode: str = "abort") -> None:
+        check_pause_mode(mode)
+        done = concurrent.futures.Future()
+        with self._cv:
+            self._pause_mode = mode
+            self._pause_waiters.append(done)
+            self._cv.notify()
+        self._ensure_thread()
+        await asyncio.wrap_future(done)
+
+    async def resume(self) -> None:
+        with self._cv:
+            self._pause_mode = None
+            self._cv.notify()
+
+    async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
+        """Pause (aborting or draining running requests), load, serve `version`, resume."""
         t0 = time.perf_counter()
-        self._abort.set()
-        async with self._gen_lock:
-            t_paused = time.perf_counter()
-            self.load_state_dict(state_dict)
+        await self.pause(mode)
+        t_paused = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.load_state_dict, state_dict)
             self.version = version
-            self._abort.clear()
-        self._wakeup.set()
+        finally:
+            await self.resume()
         return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
                 "version": version}
 
@@ -101,105 +171,176 @@ class HFEngine:
         return self.version
 
     def load(self) -> dict:
-        return {"queued": len(self._pending), "running": self._running, **self._stats}
+        with self._cv:
+            waiting = list(self._waiting)
+        active = list(self._active)
+        return {"queued": len(waiting), "running": len(active), "paused": self._pause_mode,
+                "outstanding_tokens": sum(r.remaining() for r in waiting + active),
+                **self._stats}
 
-    # ----------------------------------------------------------------- internals
-    def _ensure_runner(self) -> None:
-        if self._runner is None:
-            self._wakeup = asyncio.Event()
-            self._gen_lock = asyncio.Lock()
-            self._runner = asyncio.get_running_loop().create_task(self._run())
+    def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking convenience for scripts and tests (not from inside an event loop)."""
+        async def run():
+            return await asyncio.gather(*(self.generate(r) for r in reqs))
+        return list(asyncio.run(run()))
 
-    async def _run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._pending:
-                async with self._gen_lock:
-                    batch = self._take_batch()
-                    if not batch:
-                        break
-                    self._running = len(batch)
-                    t0 = time.perf_counter()
-                    try:
-                        results = await asyncio.to_thread(
-                            self.generate_batch, [r for r, _ in batch], self.version)
-                    except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
-                        for _, fut in batch:
-                            if not fut.done():
-                                fut.set_exception(e)
-                        continue
-                    finally:
-                        self._running = 0
-                        self._stats["busy_s"] += time.perf_counter() - t0
-                for (_, fut), res in zip(batch, results):
-                    if not fut.done():
-                        fut.set_result(res)
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
 
-    def _take_batch(self) -> list[tuple[GenerationRequest, asyncio.Future]]:
-        if not self._pending:
-            return []
-        key = (self._pending[0][0].temperature, self._pending[0][0].ignore_eos)
-        batch, rest = [], deque()
-        while self._pending:
-            item = self._pending.popleft()
-            if (item[0].temperature, item[0].ignore_eos) == key and len(batch) < self.max_batch_size:
-                batch.append(item)
-            else:
-                rest.append(item)
-        self._pending = rest
-        return batch
+    # ----------------------------------------------------------------- scheduler
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+            self._thread.start()
 
-    @torch.no_grad()
-    def generate_batch(self, reqs: list[GenerationRequest], version: int) -> list[GenerationResult]:
-        """One batched generate over requests with the same temperature and ignore_eos (blocking)."""
-        temperature, ignore_eos = reqs[0].temperature, reqs[0].ignore_eos
-        eos_id = None if ignore_eos else self.eos_id
-        # An empty list (not None): None would be filled in from the model's generation config.
-        stop_ids = [] if ignore_eos else [self.eos_id]
-        width = max(len(r.input_ids) for r in reqs)
-        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
-        att = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):  # left padding: generation appends on the right
-            ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
-            att[i, width - len(r.input_ids):] = 1
-        budgets = torch.tensor([max(0, r.max_new_tokens) for r in reqs])
-        if int(budgets.max()) == 0:
-            return [GenerationResult([], [], [], "length", r.rid) for r in reqs]
-        greedy = temperature <= 0
-        gen_cfg = GenerationConfig(
-            do_sample=not greedy, temperature=None if greedy else temperature, top_k=0, top_p=1.0,
-            max_new_tokens=int(budgets.max()), eos_token_id=stop_ids, pad_token_id=self.pad_id,
-            return_dict_in_generate=True, output_logits=True)
-        out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=att.to(self.device),
-            generation_config=gen_cfg,
-            stopping_criteria=StoppingCriteriaList([_BudgetOrAbort(width, budgets, self._abort)]))
-        new = out.sequences[:, width:].cpu()
-        steps = len(out.logits)
-        if steps:
-            scale = 1.0 if greedy else temperature
-            logits = torch.stack(out.logits, dim=1).float().cpu() / scale  # [B, steps, V]
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, new[:, :steps, None]).squeeze(-1)
-        aborted = self._abort.is_set()
-        results = []
-        for i, r in enumerate(reqs):
-            toks, lps, reason = [], [], None
-            for j in range(steps):
-                if j >= budgets[i]:
-                    reason = "length"
-                    break
-                t = int(new[i, j])
-                toks.append(t)
-                lps.append(float(lp[i, j]))
-                if t == eos_id:
-                    reason = "stop"
-                    break
-            if reason is None:
-                reason = "length" if len(toks) >= budgets[i] else ("abort" if aborted else "length")
-            if reason == "abort":
-                self._stats["aborted_requests"] += 1
-            self._stats["tokens"] += len(toks)
-            results.append(GenerationResult(toks, lps, [version] * len(toks), reason, r.rid))
-        self._stats["batches"] += 1
-        return results
+    def _run(self) -> None:
+        with torch.no_grad():
+            while True:
+                with self._cv:
+                    while not self._has_work():
+                        self._cv.wait()
+                    if self._closed:
+                        return
+                    mode = self._pause_mode
+                    new = [] if mode else self._admit()
+                if mode == "abort" and self._active:
+                    self._stats["aborted_requests"] += len(self._active)
+                    self._end_all(reason="abort")
+                if mode and not self._active:
+                    self._release_pausers()
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    if new:
+                        self._prefill(new)
+                    self._retire()
+                    if self._active:
+                        self._decode()
+                        self._retire()
+                except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
+                    for r in [r for r in new if r not in self._active]:
+                        r.resolve(error=e)
+                    self._end_all(error=e)
+                self._stats["busy_s"] += time.perf_counter() - t0
+
+    def _has_work(self) -> bool:
+        return (self._closed or bool(self._active) or bool(self._pause_waiters)
+                or (bool(self._waiting) and self._pause_mode is None))
+
+    def _admit(self) -> list[_Row]:
+        room = self.max_batch_size - len(self._active)
+        if self._active and (self.batching == "static" or room < self._min_join <= len(self._waiting)):
+            # Static: only into an empty batch. Continuous: joins are prefilled and merged
+            # together once a few rows are free (each merge copies the running cache).
+            room = 0
+        new = []
+        while self._waiting and len(new) < room:
+            row = self._waiting.popleft()
+            if not row.future.cancelled():
+                new.append(row)
+        return new
+
+    def _release_pausers(self) -> None:
+        with self._cv:
+            waiters, self._pause_waiters = self._pause_waiters, []
+        for w in waiters:
+            w.set_result(None)
+
+    def _end_all(self, reason: str | None = None, error: Exception | None = None) -> None:
+        for row in self._active:
+            row.resolve(reason, error)
+        self._cohorts = []
+
+    @property
+    def _active(self) -> list[_Row]:
+        return [r for c in self._cohorts for r in c.rows if r]
+
+    def _prefill(self, rows: list[_Row]) -> None:
+        """Prefill `rows` in length-sorted chunks of at most `prefill_tokens` (padding
+        included): a resubmitted 500-token prefix padded next to 20-token prompts would
+        cost 25x its work, and after an abort every running row comes back at once."""
+        rows = sorted(rows, key=lambda r: len(r.req.input_ids), reverse=True)
+        while rows:
+            n = max(1, min(len(rows), self.prefill_tokens // len(rows[0].req.input_ids)))
+            self._prefill_chunk(rows[:n])
+            rows = rows[n:]
+        self._consolidate()
+
+    def _prefill_chunk(self, rows: list[_Row]) -> None:
+        width = max(len(r.req.input_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.req.input_ids):] = torch.tensor(r.req.input_ids)
+            mask[i, width - len(r.req.input_ids):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        cache = new_cache(self.num_layers)
+        out = self.model(input_ids=ids, attention_mask=mask,
+                         position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._cohorts.append(KVBatch(out.past_key_values, mask, rows))
+        self._record(rows, out.logits[:, -1])
+        self._stats["prefills"] += 1
+        self._stats["prefill_tokens"] += int(mask.sum())
+
+    def _consolidate(self) -> None:
+        """Merge cohorts of similar width (or while there are too many). A cohort costs one
+        forward per step; a merge pads the narrower cohort to the wider one's width for
+        as long as the wider one's oldest row lives, and every padded column is attended
+        to on every step, so rows are only merged with rows of about their length."""
+        while len(self._cohorts) > 1:
+            ratio, i, j = max((min(a.width, b.width) / max(a.width, b.width, 1), i, j)
+                              for i, a in enumerate(self._cohorts)
+                              for j, b in enumerate(self._cohorts) if i < j)
+            if ratio < self.merge_ratio and len(self._cohorts) <= self.max_cohorts:
+                return
+            self._cohorts[i].merge(self._cohorts.pop(j))
+
+    def _decode(self) -> None:
+        for kv in self._cohorts:
+            ids = torch.tensor([[r.out[-1] if r else self.pad_id] for r in kv.rows],
+                               device=self.device)
+            positions = kv.positions()
+            out = self.model(input_ids=ids, attention_mask=kv.step_mask(),
+                             position_ids=positions, past_key_values=kv.cache, use_cache=True)
+            live = [i for i, r in enumerate(kv.rows) if r]
+            self._record([kv.rows[i] for i in live], out.logits[live, -1])
+        self._stats["steps"] += 1
+
+    def _record(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Sample each row's next token and keep its behaviour logprob and version."""
+        temps = torch.tensor([r.req.temperature if r.req.temperature > 0 else 1.0 for r in rows],
+                             device=logits.device)
+        greedy = torch.tensor([r.req.temperature <= 0 for r in rows], device=logits.device)
+        logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
+        tokens = torch.where(greedy, logp.argmax(-1), torch.multinomial(logp.exp(), 1).squeeze(-1))
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        for r, t, lp in zip(rows, tokens.tolist(), chosen.tolist()):
+            r.out.append(t)
+            r.logprobs.append(lp)
+            r.versions.append(self.version)
+        self._stats["tokens"] += len(rows)
+
+    def _retire(self) -> None:
+        """Resolve finished rows at once; compact a cohort only once a quarter of its rows
+        are dead (a dead row costs one row of compute per step until then, a compaction
+        copies the whole cohort's cache)."""
+        shrunk = False
+        for kv in self._cohorts:
+            for i, r in enumerate(kv.rows):
+                if r is None:
+                    continue
+                reason = r.finished(self.eos_id)
+                if reason:
+                    r.resolve(reason)
+                if reason or r.future.cancelled():
+                    kv.rows[i] = None
+            live = [i for i, r in enumerate(kv.rows) if r]
+            if 4 * (kv.size - len(live)) >= kv.size:
+                kv.keep(live)
+                shrunk = True
+        if shrunk:
+            self._cohorts = [kv for kv in self._cohorts if kv.size]
+            self._consolidate()

@@ -27,7 +27,8 @@ def teacher_forced(engine, reqs, results, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_logprobs_equal_a_teacher_forced_pass(engine, temperature):
     reqs = [GenerationRequest([5 + i, 6, 7, 11][: 2 + i % 3], 20, temperature) for i in range(6)]
-    res = engine.generate_batch(reqs, version=3)
+    engine.version = 3
+    res = engine.generate_batch(reqs)
     tf, beh = teacher_forced(engine, reqs, res, temperature if temperature > 0 else 1.0)
     assert tf.numel() > 0
     assert torch.allclose(tf, beh, atol=1e-4)
@@ -37,7 +38,7 @@ def test_logprobs_equal_a_teacher_forced_pass(engine, temperature):
 
 def test_per_request_budgets_and_ignore_eos(engine):
     reqs = [GenerationRequest([5, 6], n, 1.0, ignore_eos=True) for n in (3, 9, 0)]
-    res = engine.generate_batch(reqs, version=0)
+    res = engine.generate_batch(reqs)
     assert [len(r.output_ids) for r in res] == [3, 9, 0]
     assert [r.stop_reason for r in res] == ["length"] * 3
 
@@ -74,8 +75,114 @@ def test_mismatched_weights_are_rejected(engine):
 def test_sampling_is_not_truncated_to_top_k(engine):
     """Behaviour logprobs are of the full softmax, so sampling must not cut to a top-k."""
     req = GenerationRequest([5, 6], 200, 1.0, ignore_eos=True)
-    res = engine.generate_batch([req], version=0)[0]
+    res = engine.generate_batch([req])[0]
     ids = torch.tensor([req.input_ids + res.output_ids])
     logits = engine.model(input_ids=ids).logits[0, len(req.input_ids) - 1:-1]
     ranks = (logits > logits.gather(-1, ids[0, len(req.input_ids):, None])).sum(-1)
     assert int(ranks.max()) >= 50  # an untruncated near-uniform model samples low-ranked tokens
+
+
+def long_request(n=300):
+    return GenerationRequest([5, 6], n, 1.0, ignore_eos=True)
+
+
+async def until(cond, what: str, limit_s: float = 60.0):
+    """Poll the engine's state (a liveness bound, not a speed assertion)."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while not cond():
+        assert loop.time() - t0 < limit_s, f"never saw: {what}"
+        await asyncio.sleep(0.002)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_requests_joining_a_running_batch_match_a_teacher_forced_pass(engine, temperature):
+    """Joins pad the running cache (a longer prompt) or the new rows (shorter ones), and
+    leaving rows trim it; none of that may change a single logprob."""
+    late = [GenerationRequest(list(range(4, 4 + n)), 30, temperature, ignore_eos=True)
+            for n in (25, 1, 7)]
+
+    async def scenario():
+        first = asyncio.ensure_future(engine.generate(long_request(120)))
+        await until(lambda: engine.load()["steps"] >= 3, "the first request decoding")
+        rest = [asyncio.ensure_future(engine.generate(r)) for r in late]
+        return [await first] + [await t for t in rest]
+
+    results = asyncio.run(scenario())
+    reqs = [long_request(120)] + late
+    assert [len(r.output_ids) for r in results] == [120, 30, 30, 30]
+    tf, beh = teacher_forced(engine, reqs, results, 1.0 if temperature == 0 else temperature)
+    assert torch.allclose(tf, beh, atol=1e-4)
+    if temperature == 0:  # greedy: joining a batch must not change a single token
+        alone = [engine.generate_batch([r])[0].output_ids for r in late]
+        assert alone == [r.output_ids for r in results[1:]]
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_static_batching_makes_a_short_request_wait_for_the_long_one(random_model_dir, batching):
+    engine = HFEngine(random_model_dir, batching=batching)
+    finished = []
+
+    async def run(req, name):
+        await engine.generate(req)
+        finished.append(name)
+
+    async def scenario():
+        long = asyncio.ensure_future(run(long_request(300), "long"))
+        await until(lambda: engine.load()["running"] == 1, "the long request running")
+        await run(GenerationRequest([5, 6, 7], 3, 1.0, ignore_eos=True), "short")
+        await long
+
+    asyncio.run(scenario())
+    assert finished == (["short", "long"] if batching == "continuous" else ["long", "short"])
+
+
+def test_wait_mode_update_lets_running_requests_finish_and_holds_new_ones(engine):
+    new_state = {k: v * 1.05 for k, v in engine.model.state_dict().items()}
+
+    async def scenario():
+        running = asyncio.ensure_future(engine.generate(long_request(150)))
+        await until(lambda: engine.load()["running"] == 1, "the request running")
+        update = asyncio.ensure_future(engine.update_weights(new_state, 1, mode="wait"))
+        await until(lambda: engine.load()["paused"] == "wait", "the engine pausing")
+        held = asyncio.ensure_future(engine.generate(GenerationRequest([5], 10, 1.0, ignore_eos=True)))
+        info = await update
+        return await running, await held, info
+
+    running, held, info = asyncio.run(scenario())
+    assert running.stop_reason == "length" and running.versions == [0] * 150
+    assert held.versions == [1] * 10
+    assert info["version"] == 1 and engine.get_version() == 1
+
+
+def test_pause_mode_is_checked(engine):
+    with pytest.raises(ValueError, match="pause mode"):
+        asyncio.run(engine.pause("later"))
+
+
+def test_a_cancelled_request_leaves_the_batch(engine):
+    async def scenario():
+        task = asyncio.ensure_future(engine.generate(long_request(100_000)))
+        await until(lambda: engine.load()["running"] == 1, "the request running")
+        task.cancel()
+        await until(lambda: engine.load()["running"] == 0, "the cancelled row retired")
+        return engine.load()
+
+    load = asyncio.run(scenario())
+    assert load["outstanding_tokens"] == 0 and load["tokens"] < 100_000
+
+
+def test_the_batch_never_exceeds_max_batch_size(random_model_dir):
+    engine = HFEngine(random_model_dir, max_batch_size=3)
+    seen = []
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(engine.generate(long_request(20 + i))) for i in range(8)]
+        while not all(t.done() for t in tasks):
+            seen.append(engine.load()["running"])
+            await asyncio.sleep(0.001)
+        return [t.result() for t in tasks]
+
+    results = asyncio.run(scenario())
+    assert [len(r.output_ids) for r in results] == [20 + i for i in range(8)]
+    assert max(seen) == 3

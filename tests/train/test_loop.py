@@ -11,7 +11,8 @@ def make_groups(engine, rewards_per_group, version=0):
     groups = []
     for gi, rewards in enumerate(rewards_per_group):
         reqs = [GenerationRequest([5, 6, 7 + gi], 8, 1.0, ignore_eos=True) for _ in rewards]
-        res = engine.generate_batch(reqs, version)
+        engine.version = version
+        res = engine.generate_batch(reqs)
         samples = [Sample(q.input_ids, r.output_ids, r.logprobs, r.versions, r.stop_reason, reward=rw)
                    for q, r, rw in zip(reqs, res, rewards)]
         groups.append(Group(gi, f"u{gi}", "p", "1", "math", version, samples))

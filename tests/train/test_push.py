@@ -15,7 +15,7 @@ from ray import serve
 from ray._private import state
 from transformers import AutoModelForCausalLM
 
-from areal_ray.config import WeightsConfig
+from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.train.push import WeightPusher
 from areal_ray.weights import digest
@@ -47,9 +47,9 @@ def rollout(ray_cluster, embedded_model, request):
     ns = ray.get_runtime_context().namespace
     serve.start(proxy_location="Disabled")
     app = f"push-{tag}"
-    handle = serve.run(build_app(embedded_model, f"drv-{tag}", ns, min_replicas=replicas,
-                                 max_replicas=replicas, num_cpus=0.5, weights_timeout_s=5.0),
-                       name=app, route_prefix=None)
+    cfg = load_config(None, [f"rollout.min_replicas={replicas}", f"rollout.max_replicas={replicas}",
+                             "rollout.num_cpus=0.5", "weights.timeout_s=5.0"])
+    handle = serve.run(build_app(cfg, embedded_model, f"drv-{tag}", ns), name=app, route_prefix=None)
     yield driver, handle, app
     serve.delete(app)
     ray.kill(driver)

@@ -1,0 +1,26 @@
+"""Which inference engine a rollout replica runs (`rollout.backend`).
+
+The HF engine is built here directly; the sglang one is imported only when asked
+for, so CPU machines never need sglang installed.
+"""
+
+from __future__ import annotations
+
+from areal_ray.rollout.engine import InferenceEngine
+
+
+def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
+                 dtype: str = "float32", batching: str = "continuous", device: str = "",
+                 engine_kwargs: dict | None = None) -> InferenceEngine:
+    kwargs = dict(engine_kwargs or {})
+    if backend == "hf":
+        import torch
+
+        from areal_ray.rollout.hf_engine import HFEngine
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return HFEngine(model_path, max_batch_size=max_batch_size, device=device, dtype=dtype,
+                        batching=batching, **kwargs)
+    if backend == "sglang":
+        from areal_ray.rollout.sglang_engine import SGLangEngine
+        return SGLangEngine(model_path, dtype=dtype, **kwargs)
+    raise ValueError(f"rollout backend {backend!r} is not one of ('hf', 'sglang')")

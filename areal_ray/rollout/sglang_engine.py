@@ -1,0 +1,286 @@
+"""SGLangEngine: the InferenceEngine protocol on sglang's in-process offline engine (GPUs).
+
+`sgl.Engine` runs sglang's scheduler and detokenizer in subprocesses and its
+TokenizerManager in this process. We send token ids (`skip_tokenizer_init=True`), one
+request per `generate` call, and let sglang batch them. The engine's synchronous
+methods (weight updates, flush) drive sglang's own event loop with
+`run_until_complete`, which cannot be called from inside our running loop, so the
+control calls go to the async coroutines of `engine.tokenizer_manager` with the
+request structs from `sglang.srt.managers.io_struct` -- exactly what those sync
+wrappers build and await.
+
+Versions. Every token of a result carries the policy version it was sampled under,
+and a result never mixes versions: weights change only while the admission gate is
+closed and no request of ours is inside sglang. A request records the version when
+it passes the gate; `pause("abort")` aborts the running ones (they return their
+partial output with stop reason "abort") and `pause("wait")` lets them finish. We
+keep our own gate instead of the TokenizerManager's `pause_generation`: its "abort"
+mode holds a request that already passed our gate inside sglang across the update
+(it would then run on the new weights under the old version tag), and its
+"retract"/"in_place" modes freeze running requests instead of letting them finish.
+
+Behaviour logprobs. sglang returns, per output token, the logprob under
+softmax(logits / temperature): temperature applied, top-k/top-p not applied to the
+logprob (an older sampler renormalised by top-p, hence top_p=1 here; top_k=-1 and
+min_p=0 also keep the sampled distribution the full one). Greedy is temperature 0,
+which sglang turns into top_k=1 at temperature 1; its logprobs are then those of
+the raw logits. The env var SGLANG_RETURN_ORIGINAL_LOGPROB (RETURN_ORIGINAL_LOGPROB
+in older releases) switches to pre-temperature logprobs, which our trainer cannot
+use, so the constructor refuses it.
+
+Read against sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
+python/sglang/srt/entrypoints/engine.py (Engine.__init__/async_generate/shutdown and
+the sync wrappers), managers/tokenizer_manager.py (generate_request, abort_request,
+pause_generation, _handle_batch_output/_handle_abort_req for the output dict),
+managers/io_struct.py, server_args.py; plus tokenizer_control_mixin.py @ 00a2ca2e,
+sampling/sampling_params.py @ 00c17caf and layers/sampler.py (@ 584f55d1 and a
+recent copy) for the sampling and logprob semantics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+
+import torch
+
+from areal_ray.rollout.engine import (
+    GenerationRequest,
+    GenerationResult,
+    check_pause_mode,
+)
+
+try:
+    import sglang as sgl
+    from sglang.srt.managers import io_struct
+    from sglang.srt.utils import MultiprocessingSerializer
+except ImportError:  # CPU machines: the module still imports, the engine cannot be built
+    sgl = io_struct = MultiprocessingSerializer = None
+
+# sglang's finish_reason["type"] -> our STOP_REASONS ("stop" covers EOS, stop ids, stop strings).
+FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
+
+# How often an abort is re-sent while draining: an abort that overtakes a request still
+# on its way to the scheduler is ignored there, and that request would run to the end.
+ABORT_RETRY_S = 0.5
+
+_ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
+
+
+# ----------------------------------------------------------------- pure shaping
+def sampling_params(req: GenerationRequest) -> dict:
+    """sglang sampling params for `req`: the full distribution at the request's temperature."""
+    params = {"max_new_tokens": max(0, req.max_new_tokens), "ignore_eos": req.ignore_eos,
+              "top_p": 1.0, "min_p": 0.0}
+    if req.temperature <= 0:
+        params.update(temperature=0.0, top_k=1)
+    else:
+        params.update(temperature=float(req.temperature), top_k=-1)
+    return params
+
+
+def parse_output(out: dict, version: int, budget: int, rid: str = "") -> GenerationResult:
+    """A GenerationResult from one non-streaming `async_generate` output dict.
+
+    Shape (skip_tokenizer_init, return_logprob=True): {"output_ids": [...], "meta_info":
+    {"finish_reason": {"type": ..., ...}, "output_token_logprobs": [(logprob, token_id,
+    None), ...], ...}}. A request aborted while still queued comes back with no tokens.
+    """
+    meta = out["meta_info"]
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind not in FINISH_TYPES:
+        raise ValueError(f"sglang request {rid!r} ended with an unknown finish reason {finish!r}")
+    ids = [int(t) for t in out.get("output_ids") or []]
+    entries = meta.get("output_token_logprobs") or []
+    # A misaligned logprob would silently corrupt the importance weights: fail loudly.
+    if len(entries) != len(ids) or any(int(e[1]) != t for e, t in zip(entries, ids)):
+        raise ValueError(f"sglang request {rid!r}: {len(entries)} logprobs do not match "
+                         f"{len(ids)} output tokens")
+    if len(ids) > budget:
+        raise ValueError(f"sglang request {rid!r} returned {len(ids)} tokens for a budget of {budget}")
+    # A result that used its whole budget is "length" whatever ended it (as in HFEngine).
+    reason = "length" if len(ids) >= budget else FINISH_TYPES[kind]
+    return GenerationResult(ids, [float(e[0]) for e in entries], [version] * len(ids), reason,
+                            rid, meta={"finish_reason": finish})
+
+
+def named_tensors(state_dict: dict, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs for `update_weights_from_tensor`, optionally cast (e.g. to the
+    serving dtype, which halves what is shared with the scheduler for fp32 trainers)."""
+    return [(name, t.detach() if dtype is None else t.detach().to(dtype))
+            for name, t in state_dict.items()]
+
+
+def original_logprob_env() -> str | None:
+    """The name of a set env var that makes sglang return pre-temperature logprobs, if any."""
+    for name in _ORIGINAL_LOGPROB_ENV:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return name
+    return None
+
+
+def _check(result, what: str) -> None:
+    # TokenizerManager weight calls answer (success, message[, ...]).
+    if not result[0]:
+        raise RuntimeError(f"sglang {what} failed: {result[1]}")
+
+
+# ----------------------------------------------------------------- the engine
+class SGLangEngine:
+    def __init__(self, model_path: str, version: int = 0, mem_fraction_static: float | None = None,
+                 dtype: str = "bfloat16", **engine_kwargs):
+        if sgl is None:
+            raise ImportError("SGLangEngine needs sglang, which runs on GPU machines only: "
+                              "pip install -r requirements-gpu.txt (instead of requirements.txt)")
+        env = original_logprob_env()
+        if env:
+            raise ValueError(f"{env} makes sglang return logprobs before temperature; the "
+                             "trainer needs those of the distribution sampled from. Unset it.")
+        self.engine = sgl.Engine(model_path=model_path, dtype=dtype,
+                                 mem_fraction_static=mem_fraction_static,
+                                 skip_tokenizer_init=True, **engine_kwargs)
+        self.torch_dtype = getattr(torch, dtype, None) if dtype != "auto" else None
+        self.version = version
+        self._admit = asyncio.Event()  # the admission gate: set = open
+        self._admit.set()
+        self._idle = asyncio.Event()  # set while no request of ours is inside sglang
+        self._idle.set()
+        self._update_lock = asyncio.Lock()
+        self._running: dict[str, int] = {}  # sglang rid -> token budget
+        self._queued: dict[object, int] = {}  # ticket -> token budget, waiting at the gate
+        self._stats = {"tokens": 0, "aborted_requests": 0}
+
+    @property
+    def _tm(self):
+        return self.engine.tokenizer_manager
+
+    # ----------------------------------------------------------------- generation
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        budget = max(0, req.max_new_tokens)
+        if budget == 0:
+            return GenerationResult([], [], [], "length", req.rid)
+        ticket = object()
+        self._queued[ticket] = budget
+        try:
+            # Re-check after waking: a pause may close the gate again before we run.
+            while not self._admit.is_set():
+                await self._admit.wait()
+        finally:
+            del self._queued[ticket]
+        # From here to the first await nothing can interleave: the version we record is
+        # the one the weights have, and the drain in pause() sees this request.
+        # uuid first: sglang aborts by rid prefix, so no rid may be a prefix of another.
+        rid = f"{uuid.uuid4().hex}:{req.rid}"
+        version = self.version
+        self._running[rid] = budget
+        self._idle.clear()
+        try:
+            out = await self.engine.async_generate(
+                input_ids=list(req.input_ids), sampling_params=sampling_params(req),
+                return_logprob=True, logprob_start_len=-1, rid=rid)
+        except asyncio.CancelledError:
+            self._tm.abort_request(rid=rid)  # the caller is gone: free the GPU work
+            raise
+        finally:
+            del self._running[rid]
+            if not self._running:
+                self._idle.set()
+        res = parse_output(out, version, budget, req.rid)
+        self._stats["tokens"] += len(res.output_ids)
+        self._stats["aborted_requests"] += res.stop_reason == "abort"
+        return res
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Close the gate; abort the running requests ("abort") or let them finish
+        ("wait"); return once none of ours is inside sglang."""
+        check_pause_mode(mode)
+        self._admit.clear()
+        while self._running:
+            if mode == "abort":
+                for rid in list(self._running):
+                    self._tm.abort_request(rid=rid)
+            try:
+                await asyncio.wait_for(self._idle.wait(), ABORT_RETRY_S if mode == "abort" else None)
+            except asyncio.TimeoutError:
+                pass
+
+    async def resume(self) -> None:
+        self._admit.set()
+
+    # ----------------------------------------------------------------- weights
+    async def _swap(self, version: int, mode: str, load) -> dict:
+        """pause(mode), await `load()`, serve `version`, resume unless the caller had paused.
+
+        A failed load leaves the engine paused: the weights may be half written.
+        """
+        async with self._update_lock:
+            was_paused = not self._admit.is_set()
+            t0 = time.perf_counter()
+            await self.pause(mode)
+            t_paused = time.perf_counter()
+            await load()
+            self.version = version
+            if not was_paused:
+                await self.resume()
+            return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
+                    "version": version}
+
+    async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
+        """Load tensors in memory (CPU or CUDA), shared with the scheduler through sglang's
+        MultiprocessingSerializer: one payload per TP rank, as Engine's sync wrapper builds."""
+        async def load():
+            tensors = named_tensors(state_dict, self.torch_dtype)
+            payloads = [MultiprocessingSerializer.serialize(tensors)
+                        for _ in range(self.engine.server_args.tp_size)]
+            obj = io_struct.UpdateWeightsFromTensorReqInput(
+                serialized_named_tensors=payloads,
+                load_format=None, flush_cache=True, weight_version=str(version))
+            _check(await self._tm.update_weights_from_tensor(obj, None), "update_weights_from_tensor")
+        return await self._swap(version, mode, load)
+
+    async def update_weights_from_disk(self, path: str, version: int, mode: str = "abort") -> dict:
+        """Load a HF checkpoint directory written by the trainer."""
+        async def load():
+            obj = io_struct.UpdateWeightFromDiskReqInput(model_path=path, load_format=None,
+                                                        weight_version=str(version))
+            _check(await self._tm.update_weights_from_disk(obj, None), "update_weights_from_disk")
+        return await self._swap(version, mode, load)
+
+    async def init_weights_update_group(self, master_address: str, master_port: int,
+                                        rank_offset: int, world_size: int, group_name: str,
+                                        backend: str = "nccl") -> None:
+        """Join the trainer's process group (a collective: the trainer joins concurrently)."""
+        obj = io_struct.InitWeightsUpdateGroupReqInput(
+            master_address=master_address, master_port=master_port, rank_offset=rank_offset,
+            world_size=world_size, group_name=group_name, backend=backend)
+        _check(await self._tm.init_weights_update_group(obj, None), "init_weights_update_group")
+
+    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str],
+                                              shapes: list[list[int]], version: int,
+                                              group_name: str, mode: str = "abort") -> dict:
+        """Receive tensors broadcast by the trainer in `group_name` (dtypes are torch dtype
+        names, e.g. "bfloat16"); the trainer broadcasts them while this is awaited."""
+        async def load():
+            obj = io_struct.UpdateWeightsFromDistributedReqInput(
+                names=names, dtypes=dtypes, shapes=shapes, group_name=group_name,
+                flush_cache=True, weight_version=str(version))
+            _check(await self._tm.update_weights_from_distributed(obj, None),
+                   "update_weights_from_distributed")
+        return await self._swap(version, mode, load)
+
+    # ----------------------------------------------------------------- state
+    def get_version(self) -> int:
+        return self.version
+
+    def load(self) -> dict:
+        # Non-streaming requests report nothing until they end, so a running request's
+        # whole budget counts as outstanding: an upper bound.
+        return {"queued": len(self._queued), "running": len(self._running),
+                "outstanding_tokens": sum(self._queued.values()) + sum(self._running.values()),
+                **self._stats}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
