@@ -39,8 +39,11 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    train_path: str = opt("", "jsonl of {uid, prompt, answer, verifier}; empty: embedded arithmetic task")
-    eval_path: str = opt("", "held-out jsonl; empty: embedded arithmetic task (disjoint seed)")
+    train_path: str = opt("", "prompt dataset: a .jsonl/.parquet/.arrow file, a directory or a glob (docs/data.md); empty: embedded arithmetic task")
+    eval_path: str = opt("", "held-out dataset, same forms as train_path; empty: embedded arithmetic task (disjoint seed)")
+    prompt_template: str = opt("", "str.format template over a row's fields giving the prompt, e.g. 'Q: {question}'; empty: the row's prompt field")
+    answer_field: str = opt("answer", "field of a math row that holds the reference answer")
+    answer_pattern: str = opt("", "regex searched in answer_field; its first group (else the match) is the answer, e.g. '####\\s*(.+)$' for GSM8K; empty: the whole field")
     n_eval: int = opt(256, "held-out problems evaluated before and after training")
     seed: int = opt(0, "seed of the embedded task's problems and of the per-epoch shuffle")
     max_steps_per_problem: int = opt(8, "longest chain of the embedded arithmetic task")
@@ -135,6 +138,8 @@ class TrainConfig:
     torch_threads: int = opt(1, "torch intra-op threads per trainer worker")
     checkpoint_every: int = opt(0, "save a resume checkpoint every N steps (HF model + optimizer + data position); 0: never")
     max_failures: int = opt(0, "Ray Train restarts of the trainer after a worker failure (from the last checkpoint)")
+    use_gpu: bool = opt(False, "one GPU per trainer worker (Ray Train use_gpu; NCCL process group)")
+    master_dtype: str = opt("", "dtype of the trainer's parameters and optimizer state; empty: model.dtype. float32 under model.dtype=bfloat16 keeps fp32 master weights and runs forward/backward in bf16 (FSDP2 mixed precision)")
 
 
 @dataclass
@@ -145,10 +150,20 @@ class RunConfig:
     num_cpus: int = opt(0, "logical CPUs of a local cluster this job starts; 0: Ray's default")
     mlflow_tracking_uri: str = opt("", "MLflow tracking URI; empty: sqlite store under ./mlruns")
     mlflow_experiment: str = opt("areal-ray", "MLflow experiment name")
+    log_model: bool = opt(True, "log the final model (HF format) as the MLflow run's `model` artifacts")
+    register_model: str = opt("", "also register it in the MLflow model registry under this name; empty: don't")
     eval_before: bool = opt(True, "greedy eval on the held-out split before training")
     eval_after: bool = opt(True, "greedy eval on the held-out split after training")
     push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
     resume: bool = opt(False, "continue the run in run.run_dir from its last checkpoint")
+
+
+@dataclass
+class EvalConfig:
+    model_path: str = opt("", "jobs.eval: model to evaluate (a run's final_model/ or a checkpoint's model/); empty: model.path")
+    k: int = opt(8, "jobs.eval: samples per problem for sampled pass@1 and pass@k")
+    temperature: float = opt(1.0, "jobs.eval: sampling temperature of the pass@k samples (greedy pass@1 is reported too)")
+    out: str = opt("", "jobs.eval: JSON report path; empty: runs/eval-<name>-<time>.json")
 
 
 @dataclass
@@ -161,6 +176,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 class ConfigError(ValueError):
@@ -182,6 +198,8 @@ def validate(cfg: Config) -> Config:
         (1 <= cfg.algo.ppo_minibatches <= cfg.algo.batch_groups,
          "algo.ppo_minibatches must be in [1, algo.batch_groups]"),
         (cfg.train.steps >= 1, "train.steps must be >= 1"),
+        (cfg.eval.k >= 1, "eval.k must be >= 1"),
+        (cfg.eval.temperature > 0, "eval.temperature must be > 0 (greedy pass@1 is always reported)"),
         (cfg.rollout.backend in BACKENDS, f"rollout.backend {cfg.rollout.backend!r} is not one of {BACKENDS}"),
         (cfg.rollout.batching in BATCHING, f"rollout.batching {cfg.rollout.batching!r} is not one of {BATCHING}"),
         (cfg.rollout.router in ROUTERS, f"rollout.router {cfg.rollout.router!r} is not one of {ROUTERS}"),
@@ -209,7 +227,17 @@ def validate(cfg: Config) -> Config:
         (cfg.weights.bucket_mb >= 1, "weights.bucket_mb must be >= 1"),
         (cfg.weights.timeout_s > 0, "weights.timeout_s must be > 0"),
         (cfg.train.max_failures >= 0, "train.max_failures must be >= 0"),
+        (cfg.weights.backend != "nccl" or cfg.train.use_gpu,
+         "weights.backend=nccl needs train.use_gpu=true (NCCL sends from the trainer's GPU); CPU trainers use weights.backend=gloo"),
+        (cfg.weights.backend != "nccl" or cfg.rollout.num_gpus > 0,
+         "weights.backend=nccl needs rollout.num_gpus > 0 (every replica receives on its GPU)"),
+        (not cfg.model.attn_implementation.startswith("flash") or cfg.train.use_gpu,
+         f"model.attn_implementation={cfg.model.attn_implementation} needs train.use_gpu=true (CUDA-only kernels)"),
+        (cfg.train.master_dtype in ("", "float32", "bfloat16", "float16"),
+         f"train.master_dtype {cfg.train.master_dtype!r} is not one of '', float32, bfloat16, float16"),
         (not cfg.run.resume or cfg.run.run_dir, "run.resume needs run.run_dir (the run to continue)"),
+        (bool(cfg.task.answer_field), "task.answer_field must name the field holding the reference answer"),
+        (cfg.run.log_model or not cfg.run.register_model, "run.register_model needs run.log_model=true"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -217,9 +245,10 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(path: str | None = None, overrides: list[str] | None = None, schema=Config):
+    """`schema`: the dataclass of the keys (the run `Config`, or a benchmark's own)."""
     try:
-        merged = OmegaConf.structured(Config)
+        merged = OmegaConf.structured(schema)
         if path:
             merged = OmegaConf.merge(merged, OmegaConf.load(path))
         for item in overrides or []:
@@ -231,7 +260,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         raise ConfigError(f"bad config ({path or 'defaults'}): {e}") from e
     except FileNotFoundError as e:
         raise ConfigError(f"config file not found: {path}") from e
-    return validate(cfg)
+    return validate(cfg) if schema is Config else cfg
 
 
 def to_dict(cfg: Config) -> dict:

@@ -46,12 +46,15 @@ import time
 import ray
 
 from areal_ray.data.staleness import StalenessGate
+from areal_ray.metrics import DriverMetrics
+
+MONITOR_PERIOD_S = 2.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Driver:
     def __init__(self, eta: int, batch_groups: int, max_concurrent: int = 0,
-                 push_timeout_s: float = 120.0):
+                 push_timeout_s: float = 120.0, run_name: str = ""):
         self.gate = StalenessGate(eta, batch_groups, max_concurrent or None)
         self.push_timeout_s = push_timeout_s
         self._cond: asyncio.Condition | None = None
@@ -68,6 +71,9 @@ class Driver:
         self._load_s: dict[str, tuple[int, float]] = {}  # replica -> (serial, load seconds)
         self._nodes: dict[str, str] = {}  # replica -> Ray node id
         self._loader: str | None = None  # rolling updates: the replica swapping weights now
+        self.metrics = DriverMetrics(run_name)
+        self._reward_actors: dict[str, object] = {}  # actor id -> handle (pool-size metric)
+        self._monitor: asyncio.Task | None = None
 
     def _c(self) -> asyncio.Condition:
         if self._cond is None:
@@ -164,6 +170,7 @@ class Driver:
             joining_late = isinstance(payload, dict) and payload.get("kind") == "collective"
             self._replicas[replica_id] = serial if joining_late else -1
             self._nodes[replica_id] = node_id
+            self._start_monitor()
             return self._latest
 
     async def unregister_replica(self, replica_id: str) -> None:
@@ -280,6 +287,34 @@ class Driver:
     # ------------------------------------------------------------ step records
     def record_step(self, record: dict) -> None:
         self._events.append(record)
+        self.metrics.step(record)
+
+    # ------------------------------------------------------------ monitoring
+    async def register_reward_actor(self, actor_id: str, handle) -> None:
+        """Reward actors announce themselves; the monitor counts the live ones (Ray Data
+        scales the pool, and a stopped actor says nothing)."""
+        self._reward_actors[actor_id] = handle
+        self._start_monitor()
+
+    def reward_actors(self) -> list[str]:
+        return sorted(self._reward_actors)
+
+    def _start_monitor(self) -> None:
+        if self._monitor is None:
+            self._monitor = asyncio.get_running_loop().create_task(self._watch_pools())
+
+    async def _watch_pools(self) -> None:
+        while True:
+            self.metrics.replicas(len(self._replicas))
+            for actor_id, handle in list(self._reward_actors.items()):
+                try:  # a busy actor answers late: only a dead one is dropped
+                    await asyncio.wait_for(handle.__ray_ready__.remote(), 1.0)
+                except TimeoutError:
+                    pass
+                except ray.exceptions.RayActorError:
+                    self._reward_actors.pop(actor_id, None)
+            self.metrics.reward_actors(len(self._reward_actors))
+            await asyncio.sleep(MONITOR_PERIOD_S)
 
     def steps(self, since: int = 0) -> list[dict]:
         """Events from index `since` on (the job process tails these): step records,

@@ -29,6 +29,7 @@ from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_rows
 from areal_ray.driver import Driver
 from areal_ray.eval import evaluate
+from areal_ray.event_loop import off_event_loop
 from areal_ray.tracking import RunTracker, lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, save_hf
 from areal_ray.train.loop import train_loop_per_worker
@@ -40,7 +41,7 @@ EMBEDDED_MODEL = "artifacts/tiny"
 TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
 
 
-def resolve_model(path: str) -> str:
+def resolve_model(path: str, key: str = "model.path") -> str:
     """Absolute model dir; the embedded tiny model is built on first use."""
     p = Path(path)
     if not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists():
@@ -51,7 +52,7 @@ def resolve_model(path: str) -> str:
             print(f"[areal-ray] building the embedded tiny model in {p} (once)", flush=True)
             build_tiny(p, TinyModelSpec())
         else:
-            raise FileNotFoundError(f"model.path {path!r} has no config.json: not an HF model directory")
+            raise FileNotFoundError(f"{key} {path!r} has no config.json: not an HF model directory")
     return str(p.resolve())
 
 
@@ -123,6 +124,7 @@ def prompt_count(cfg: Config) -> int:
     return math.ceil(n * cfg.algo.filter_prompt_factor) if cfg.algo.dynamic_filter else n
 
 
+@off_event_loop
 def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
@@ -144,7 +146,7 @@ def run_training(cfg: Config) -> dict:
     driver_name, app_name = f"areal-driver-{tag}", f"areal-rollout-{tag}"
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
-        cfg.run.push_timeout_s)
+        cfg.run.push_timeout_s, cfg.run.name)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     try:
         serve.start(proxy_location="Disabled")
@@ -164,7 +166,7 @@ def run_training(cfg: Config) -> dict:
             train_loop_config={"cfg": cfg, "driver_name": driver_name, "namespace": namespace,
                                "model_path": model_path, "checkpoint_root": str(run_dir / TRAIN_DIR),
                                "weights_dir": str(run_dir / "weights")},
-            scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=False,
+            scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
                                          resources_per_worker={"CPU": cfg.train.num_cpus_per_worker}),
             datasets={"train": pipeline},
             dataset_config=DataConfig(enable_shard_locality=False),
@@ -190,7 +192,7 @@ def run_training(cfg: Config) -> dict:
         summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start, n_prior)
         summary.update({"run_dir": str(run_dir), "final_model": str(final_dir),
                         "mlflow_run_id": tracker.run_id})
-        tracker.finish(summary)
+        tracker.finish(summary, steps, final_dir)
         print(f"[areal-ray] done: {summary['steps']} steps in {summary['wall_s']:.0f}s, "
               f"accuracy {summary['eval_accuracy_before']} -> {summary['eval_accuracy_after']}, "
               f"max staleness {summary['max_staleness']} (eta {cfg.algo.eta})", flush=True)

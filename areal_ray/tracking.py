@@ -20,12 +20,32 @@ import mlflow
 from mlflow.entities import Metric
 
 from areal_ray.config import Config, to_dict
+from areal_ray.plots import plot_curves
 
 
 def default_tracking_uri(root: str | Path = "mlruns") -> str:
     root = Path(root).absolute()
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def use_experiment(cfg: Config) -> str:
+    """Point mlflow at the run's tracking URI and experiment (created on first use,
+    with its artifacts next to a sqlite store rather than in the working dir)."""
+    uri = cfg.run.mlflow_tracking_uri or default_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(cfg.run.mlflow_experiment) is None:
+        artifacts = None
+        if uri.startswith("sqlite:"):
+            artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+        mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
+    mlflow.set_experiment(cfg.run.mlflow_experiment)
+    return uri
+
+
+def params_of(cfg: Config) -> dict:
+    """The resolved config as flat MLflow params (`algo.eta` -> "2")."""
+    return {k: str(v)[:6000] for k, v in _flatten(to_dict(cfg)).items()}
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -68,22 +88,14 @@ class RunTracker:
         if not resume:
             self.steps_path.write_text("")
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-        uri = cfg.run.mlflow_tracking_uri or default_tracking_uri()
-        mlflow.set_tracking_uri(uri)
-        exp = mlflow.get_experiment_by_name(cfg.run.mlflow_experiment)
-        if exp is None:
-            artifacts = None
-            if uri.startswith("sqlite:"):
-                artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
-            mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
-        mlflow.set_experiment(cfg.run.mlflow_experiment)
+        uri = use_experiment(cfg)
         id_file = run_dir / "mlflow_run_id"
         if resume and id_file.exists():  # params are immutable in MLflow: keep the first ones
             self.run = mlflow.start_run(run_id=id_file.read_text().strip())
             mlflow.set_tag("resumed", "true")
         else:
             self.run = mlflow.start_run(run_name=cfg.run.name)
-            mlflow.log_params(_flatten(to_dict(cfg)))
+            mlflow.log_params(params_of(cfg))
             id_file.write_text(self.run.info.run_id)
         # Step metrics arrive on the tailing thread, where mlflow's (thread-local) active
         # run is not set: log through a client with the explicit run id.
@@ -120,15 +132,37 @@ class RunTracker:
               f"mean {rec['staleness_mean']:.2f}  {tok_s:7.0f} tok/s  ETA {eta_s:5.0f}s",
               flush=True, file=sys.stdout)
 
-    def finish(self, summary: dict, artifacts: list[Path] = ()) -> None:
+    def finish(self, summary: dict, steps: list[dict], model_dir: Path | None = None) -> None:
+        """summary.json, the curves PNG, the run's files and the final model (HF format,
+        under the artifact path `model`; registered when `run.register_model` names it)."""
+        if steps:
+            summary["curves_png"] = str(plot_curves(steps, self.run_dir / "curves.png",
+                                                    title=f"{self.cfg.run.name} (eta {self.cfg.algo.eta})"))
+        if model_dir is not None and self.cfg.run.log_model:
+            mlflow.log_artifacts(str(model_dir), artifact_path="model")
+            if self.cfg.run.register_model:
+                summary["registered_model"] = self.register()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         mlflow.log_metrics({k: float(v) for k, v in summary.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
         for p in [self.steps_path, self.run_dir / "summary.json", self.run_dir / "config.json",
-                  *artifacts]:
+                  self.run_dir / "curves.png"]:
             if os.path.exists(p):
                 mlflow.log_artifact(str(p))
         mlflow.end_run()
+
+    def register(self) -> str:
+        """Register the logged model as a new version of `run.register_model`
+        ("name/version"). The version points at the run's `model` artifacts: plain HF
+        files that `AutoModelForCausalLM.from_pretrained` loads once downloaded."""
+        name = self.cfg.run.register_model
+        try:
+            self.client.get_registered_model(name)
+        except mlflow.exceptions.MlflowException:
+            self.client.create_registered_model(name, description="areal-ray policy (HF format)")
+        mv = self.client.create_model_version(name, f"{self.run.info.artifact_uri}/model",
+                                              run_id=self.run_id)
+        return f"{name}/{mv.version}"
 
     def fail(self) -> None:
         mlflow.end_run(status="FAILED")

@@ -30,6 +30,7 @@ import torch
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from areal_ray.metrics import ReplicaMetrics
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
@@ -39,6 +40,7 @@ logger = logging.getLogger("ray.serve")
 
 APP_NAME = "areal-rollout"
 DEPLOYMENT_NAME = "Rollout"
+METRICS_PERIOD_S = 2.0
 
 
 @dataclass
@@ -54,6 +56,7 @@ class ServerOptions:
     weights_timeout_s: float = 60.0
     weights_backend: str = "gloo"
     engine_kwargs: dict | None = None
+    run_name: str = ""  # the `run` tag of this replica's dashboard metrics
 
     @classmethod
     def from_config(cls, cfg) -> "ServerOptions":
@@ -61,7 +64,8 @@ class ServerOptions:
         return cls(backend=r.backend, batching=r.batching, max_batch_size=r.max_batch_size,
                    dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
                    rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
-                   weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs))
+                   weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
+                   run_name=cfg.run.name)
 
 
 @serve.deployment(name=DEPLOYMENT_NAME, health_check_period_s=5, health_check_timeout_s=60)
@@ -82,6 +86,8 @@ class RolloutServer:
         self.failed_serial = 0
         self.updates: list[dict] = []  # when each load held the engine (rolling-update checks)
         self.receiver = WeightReceiver(self.replica_id, opts.weights_timeout_s, opts.weights_backend)
+        self.metrics = ReplicaMetrics(opts.run_name, self.replica_id)
+        self._sampler = asyncio.get_running_loop().create_task(self._sample_metrics())
         if self.driver is not None:
             got = await self.driver.register_replica.remote(
                 self.replica_id, ray.get_runtime_context().get_node_id())
@@ -134,6 +140,14 @@ class RolloutServer:
             except Exception:  # noqa: BLE001 - keep polling; health check reports a dead watcher
                 logger.exception("weight watcher failed; retrying")
                 await asyncio.sleep(1.0)
+
+    async def _sample_metrics(self) -> None:
+        while True:
+            try:
+                self.metrics.sample(self.engine.load())
+            except Exception:  # noqa: BLE001 - metrics must never take the replica down
+                logger.exception("metrics sample failed")
+            await asyncio.sleep(METRICS_PERIOD_S)
 
     async def generate(self, input_ids: list[int], max_new_tokens: int,
                        temperature: float = 1.0, ignore_eos: bool = False) -> dict:

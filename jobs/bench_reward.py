@@ -17,16 +17,19 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 from ray.data import ActorPoolStrategy, DataContext
 
+from areal_ray.config import opt
 from areal_ray.reward.pool import RewardStage
 from areal_ray.reward.sandbox import isolation
 from areal_ray.task.arith import make_split
 from areal_ray.task.code_problems import PROBLEMS, make_rows
 from areal_ray.types import Group, Sample
+from jobs.cli import job_config
 
 GROUP = 8
 
@@ -71,11 +74,18 @@ def measure(rows: list[dict], pool_size: int) -> dict:
             "reward_mean": sum(s.reward for g in out for s in g.samples) / n}
 
 
+@dataclass
+class BenchRewardConfig:
+    out: str = opt("runs/bench_reward.json", "JSON report path")
+    sizes: list = opt([1, 2, 4], "reward pool sizes to measure")
+    groups: int = opt(48, "math groups per measurement (half as many code groups)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    out = Path(args.get("out", "runs/bench_reward.json"))
-    sizes = [int(s) for s in args.get("sizes", "1,2,4").split(",")]
-    n_groups = int(args.get("groups", 48))
+    c = job_config(argv, "python -m jobs.bench_reward", __doc__.splitlines()[0], BenchRewardConfig)
+    if c is None:
+        return 2
+    out, sizes, n_groups = Path(c.out), [int(s) for s in c.sizes], c.groups
     repo = str(Path(__file__).resolve().parent.parent)
     ray.init(address="local", num_cpus=max(4, max(sizes)), include_dashboard=False,
              logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": repo}})

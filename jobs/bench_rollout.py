@@ -35,16 +35,19 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from areal_ray.config import opt
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.hf_engine import HFEngine
 from areal_ray.rollout.workflow import generate_interruptible
 from areal_ray.task.tiny_model import TinyModelSpec, qwen2_config
 from areal_ray.task.tokenizer import save_char_tokenizer
+from jobs.cli import job_config
 
 
 def long_tail_requests(n: int, max_new_tokens: int, vocab: int, seed: int = 0) -> list[GenerationRequest]:
@@ -181,13 +184,25 @@ def with_pushes(model_dir: str, reqs, max_batch_size: int, push_every: int, mode
             "mixed_version_samples": sum(len(set(s.versions)) > 1 for s in samples)}
 
 
+@dataclass
+class BenchRolloutConfig:
+    out: str = opt("runs/bench_rollout.json", "JSON report path")
+    requests: int = opt(512, "generation requests (log-normal budgets, a long tail)")
+    max_new_tokens: int = opt(512, "largest generation budget")
+    max_batch_size: int = opt(128, "engine batch size")
+    push_every: int = opt(64, "a weight push per this many completed samples (interrupt vs wait)")
+    hidden: int = opt(128, "model hidden size")
+    layers: int = opt(4, "model layers")
+    repeats: int = opt(3, "interleaved repeats of each variant (the median is reported)")
+    serve: bool = opt(True, "also measure through a Serve app and handle")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
-    out = Path(args.get("out", "runs/bench_rollout.json"))
-    n, max_new = int(args.get("requests", 512)), int(args.get("max_new_tokens", 512))
-    batch, push_every = int(args.get("max_batch_size", 128)), int(args.get("push_every", 64))
-    hidden, layers = int(args.get("hidden", 128)), int(args.get("layers", 4))
-    repeats = int(args.get("repeats", 3))
+    c = job_config(argv, "python -m jobs.bench_rollout", __doc__.splitlines()[0], BenchRolloutConfig)
+    if c is None:
+        return 2
+    out, n, max_new, batch = Path(c.out), c.requests, c.max_new_tokens, c.max_batch_size
+    push_every, hidden, layers, repeats = c.push_every, c.hidden, c.layers, c.repeats
     torch.set_num_threads(1)
     model_dir = make_model_dir(hidden, layers, max_len=64 + max_new + 8)
     n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
@@ -199,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "interrupt": lambda: with_pushes(model_dir, reqs, batch, push_every, "abort"),
         "wait": lambda: with_pushes(model_dir, reqs, batch, push_every, "wait"),
     }
-    if args.get("serve", "true") == "true":  # last: Ray's own processes then share the cores
+    if c.serve:  # last: Ray's own processes then share the cores
         runs["serve"] = lambda: through_serve(model_dir, reqs, batch)
     # Interleaved repeats, median by tokens/s: this machine's speed drifts by 10-20 %
     # over minutes, which would otherwise land on whichever variant ran in a slow spell.

@@ -24,14 +24,16 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from areal_ray.config import load_config
+from areal_ray.config import load_config, opt
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
+from jobs.cli import job_config
 
 VOCAB = 512
 
@@ -77,12 +79,23 @@ def time_steps(seqs, overrides: list[str], hidden: int, layers: int, max_len: in
             "tokens_per_s": tokens / wall, "n_microbatches": runs[-1][1]["n_microbatches"]}
 
 
+@dataclass
+class BenchTrainConfig:
+    out: str = opt("runs/bench_train.json", "JSON report path")
+    groups: int = opt(16, "prompt groups in the batch")
+    group_size: int = opt(8, "samples per group")
+    hidden: int = opt(256, "model hidden size")
+    layers: int = opt(4, "model layers")
+    max_len: int = opt(512, "longest sequence (a long tail of lengths below it)")
+    repeats: int = opt(3, "timed steps per variant (the median is reported)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
-    out = Path(args.get("out", "runs/bench_train.json"))
-    groups, group_size = int(args.get("groups", 16)), int(args.get("group_size", 8))
-    hidden, layers = int(args.get("hidden", 256)), int(args.get("layers", 4))
-    max_len, repeats = int(args.get("max_len", 512)), int(args.get("repeats", 3))
+    c = job_config(argv, "python -m jobs.bench_train", __doc__.splitlines()[0], BenchTrainConfig)
+    if c is None:
+        return 2
+    out, groups, group_size, hidden = Path(c.out), c.groups, c.group_size, c.hidden
+    layers, max_len, repeats = c.layers, c.max_len, c.repeats
     torch.set_num_threads(os.cpu_count() or 1)
     seqs = long_tail_batch(groups, group_size, max_len)
     lengths = sorted(len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)

@@ -28,11 +28,13 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 import torch
 
+from areal_ray.config import opt
 from areal_ray.weights import (
     SharedMemoryWeights,
     WeightGroup,
@@ -43,6 +45,7 @@ from areal_ray.weights import (
     put_state,
     state_from,
 )
+from jobs.cli import job_config
 
 ELEMS_PER_TENSOR = 4_000_000
 
@@ -126,13 +129,21 @@ def measure(path: str, n_params: float, n_replicas: int, bucket_mb: int, store, 
             "replicas": n_replicas, **res, "bytes_per_s_per_replica": nbytes / res["push_s"]}
 
 
+@dataclass
+class BenchWeightsConfig:
+    out: str = opt("runs/bench_weights.json", "JSON report path")
+    params: list = opt([100e6, 500e6], "model sizes (fp32 parameters), e.g. params=[8e6]")
+    replicas: list = opt([1, 2], "receiving replica counts")
+    paths: list = opt(["collective", "object_store", "disk", "shm"], "weight paths to measure")
+    bucket_mb: int = opt(256, "collective path: bucket size")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
-    out = Path(args.get("out", "runs/bench_weights.json"))
-    sizes = [float(x) for x in args.get("params", "100e6,500e6").split(",")]
-    counts = [int(x) for x in args.get("replicas", "1,2").split(",")]
-    paths = args.get("paths", "collective,object_store,disk,shm").split(",")
-    bucket_mb = int(args.get("bucket_mb", 256))
+    c = job_config(argv, "python -m jobs.bench_weights", __doc__.splitlines()[0], BenchWeightsConfig)
+    if c is None:
+        return 2
+    out, sizes, counts = Path(c.out), [float(x) for x in c.params], [int(x) for x in c.replicas]
+    paths, bucket_mb = list(c.paths), c.bucket_mb
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address="local", num_cpus=max(4, max(counts) + 1), include_dashboard=False,

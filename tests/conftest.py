@@ -50,3 +50,79 @@ def embedded_model() -> str:
     from areal_ray.run import resolve_model
     os.chdir(REPO)
     return resolve_model("artifacts/tiny")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head_cluster(tmp_path_factory):
+    """A separate cluster started the way users start one (`ray start --head`), with
+    the dashboard (job server) and a metrics export port. Its own process group, so
+    tearing it down cannot touch the session's cluster (`ray stop` would stop both)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    ports = {k: _free_port() for k in ("gcs", "dashboard", "metrics", "client", "agent",
+                                       "agent_grpc", "runtime_env")}
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAY_metrics_report_interval_ms="2000", TOKENIZERS_PARALLELISM="false",
+               RAY_AUTH_MODE="token")  # clients send ~/.ray/auth_token only in token mode
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path_factory.mktemp("head") / "ray_start.log"
+    proc = subprocess.Popen(
+        [str(bindir / "ray"), "start", "--head", "--block", "--num-cpus=4",
+         f"--port={ports['gcs']}", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={ports['dashboard']}", f"--metrics-export-port={ports['metrics']}",
+         f"--ray-client-server-port={ports['client']}",
+         f"--dashboard-agent-listen-port={ports['agent']}",
+         f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+         f"--runtime-env-agent-port={ports['runtime_env']}"],
+        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def answers(url: str) -> bool:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return True
+        except urllib.error.HTTPError:  # 401 without the token: the server is up
+            return True
+        except OSError:
+            return False
+
+    deadline = time.time() + 120
+    while not (answers(f"http://127.0.0.1:{ports['dashboard']}/api/version")
+               and answers(f"http://127.0.0.1:{ports['metrics']}/metrics")):
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"ray start --head failed:\n{log.read_text()[-3000:]}")
+        time.sleep(1)
+    yield {"gcs_address": f"127.0.0.1:{ports['gcs']}",
+           "dashboard_url": f"http://127.0.0.1:{ports['dashboard']}",
+           "metrics_url": f"http://127.0.0.1:{ports['metrics']}/metrics", "env": env}
+    # SIGTERM lets the raylet stop its workers; whatever is left of the group after
+    # 20 s is killed.
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            proc.poll()  # reap our own child, or it stays in the group as a zombie
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            continue
+        break
+    proc.wait(10)

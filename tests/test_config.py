@@ -1,6 +1,10 @@
+from pathlib import Path
+
 import pytest
 
 from areal_ray.config import ConfigError, help_lines, load_config
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_yaml_and_overrides(tmp_path):
@@ -46,3 +50,28 @@ def test_every_key_has_help():
 def test_algorithm_choices_are_checked(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["weights.backend=nccl", "rollout.num_gpus=1"], "weights.backend=nccl needs train.use_gpu=true"),
+    (["weights.backend=nccl", "train.use_gpu=true"], "rollout.num_gpus"),
+    (["model.attn_implementation=flash_attention_2"], "train.use_gpu=true"),
+    (["train.master_dtype=fp32"], "train.master_dtype"),
+])
+def test_gpu_settings_must_fit_together(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, overrides)
+
+
+def test_gpu_settings_that_fit_are_accepted():
+    cfg = load_config(None, ["weights.backend=nccl", "train.use_gpu=true", "rollout.num_gpus=1",
+                             "model.attn_implementation=flash_attention_2",
+                             "model.dtype=bfloat16", "train.master_dtype=float32"])
+    assert cfg.train.use_gpu and cfg.weights.backend == "nccl"
+    assert not load_config(None).train.use_gpu  # CPU stays the default
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (REPO / "conf").glob("*.yaml")))
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.run.name and cfg.train.steps >= 1

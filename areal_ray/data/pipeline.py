@@ -91,7 +91,8 @@ def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, nam
         fn_constructor_kwargs=dict(
             timeout_s=cfg.reward.timeout_s, code_timeout_s=cfg.reward.code_timeout_s,
             code_opts={"time_limit_s": cfg.reward.code_time_limit_s,
-                       "memory_limit_mb": cfg.reward.code_memory_limit_mb}),
+                       "memory_limit_mb": cfg.reward.code_memory_limit_mb},
+            driver_name=driver_name, namespace=namespace),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
     return ds
 

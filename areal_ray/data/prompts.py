@@ -1,65 +1,121 @@
-"""Prompt datasets: the embedded arithmetic task, or jsonl files on disk.
+"""Prompt datasets: the embedded arithmetic task, or dataset files on disk (sources.py).
 
 A row is `{"uid", "prompt", "verifier", ...}`: a `math` row has an `answer`, a `code`
 row has `tests` (a list of `{"input", "output"}` stdin/stdout pairs, carried on as a
-JSON string in `answer`); extra keys are kept. Rows are
-checked when loaded, so a malformed dataset is an error naming the file and line
-before any rollout starts. Training consumes exactly `steps * batch_groups` prompts:
-the split is cycled epoch by epoch, reshuffled with `seed + epoch`, each prompt used
-once per epoch.
+JSON string in `answer`); extra keys are kept. A dataset with other columns (GSM8K's
+`question` and `answer`) is mapped by `task.prompt_template`, `task.answer_field` and
+`task.answer_pattern` (docs/data.md). Rows are mapped and checked when loaded, in
+`check_row` alone, so a malformed dataset is an error naming the file and row before
+any rollout starts. Training consumes exactly `steps * batch_groups` prompts: the
+split is cycled epoch by epoch, reshuffled with `seed + epoch`, each prompt used once
+per epoch.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
+import string
+from dataclasses import dataclass
 from pathlib import Path
 
+from areal_ray.config import ConfigError
+from areal_ray.data.sources import DatasetError, read_rows
 from areal_ray.reward.code import check_tests
 from areal_ray.reward.pool import VERIFIERS
 from areal_ray.task.arith import make_split
 
 EMBEDDED_TRAIN_SEED, EMBEDDED_EVAL_SEED = 1_000, 2_000_000
 
-
-class DatasetError(ValueError):
-    pass
+__all__ = ["DatasetError", "Fields", "check_row", "read_prompts", "train_rows", "eval_rows"]
 
 
-def check_row(row: object, where: str) -> dict:
+@dataclass(frozen=True)
+class Fields:
+    """How a dataset's own fields become a row's prompt and answer."""
+    template: str = ""
+    answer_field: str = "answer"
+    pattern: re.Pattern | None = None
+
+    @classmethod
+    def of(cls, task) -> Fields:
+        """From the task config; a template or regex that cannot work fails here, once,
+        rather than on every row."""
+        try:
+            names = [n for _, n, _, _ in string.Formatter().parse(task.prompt_template) if n is not None]
+        except ValueError as e:
+            raise ConfigError(f"task.prompt_template: {e} (a literal brace is written {{{{ or }}}})") from e
+        if any(n == "" or n.isdigit() for n in names):
+            raise ConfigError("task.prompt_template: fields must be named after the row's fields, "
+                              "e.g. {question}, not {} or {0}")
+        try:
+            pattern = re.compile(task.answer_pattern) if task.answer_pattern else None
+        except re.error as e:
+            raise ConfigError(f"task.answer_pattern: not a valid regex ({e})") from e
+        return cls(task.prompt_template, task.answer_field, pattern)
+
+
+PLAIN = Fields()
+
+
+def _prompt(row: dict, where: str, template: str) -> str:
+    try:
+        return template.format_map(row)
+    except KeyError as e:
+        raise DatasetError(f"{where}: task.prompt_template needs field {e.args[0]!r}; "
+                           f"the row has {sorted(row)}") from e
+    except (AttributeError, IndexError, TypeError, ValueError) as e:
+        raise DatasetError(f"{where}: task.prompt_template cannot be filled from this row ({e})") from e
+
+
+def _answer(row: dict, where: str, fields: Fields) -> object:
+    name = fields.answer_field
+    if name not in row or row[name] is None:
+        raise DatasetError(f"{where}: field {name!r} is missing (task.answer_field); "
+                           f"the row has {sorted(row)}")
+    value = row[name]
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # integer columns are common in parquet; the verifier compares text
+    if fields.pattern is None or not isinstance(value, str):
+        return value  # a non-string is reported by check_row's type check
+    m = fields.pattern.search(value)
+    found = m and (m.group(1) if fields.pattern.groups else m.group(0))
+    if not found:
+        raise DatasetError(f"{where}: task.answer_pattern {fields.pattern.pattern!r} does not "
+                           f"match field {name!r} (ends {value[-60:]!r})")
+    return found.strip()
+
+
+def check_row(row: object, where: str, fields: Fields = PLAIN) -> dict:
+    """Map `row` by `fields` and check it; `where` names it in errors."""
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-    verifier = row.setdefault("verifier", "math")
+    # Set only once the row is mapped, so mapping errors list the row's own fields.
+    verifier = "math" if row.get("verifier") is None else row["verifier"]  # None: a table's null
     if verifier not in VERIFIERS:
         raise DatasetError(f"{where}: verifier {verifier!r} is not one of {VERIFIERS}")
+    if fields.template:
+        row["prompt"] = _prompt(row, where, fields.template)
     if verifier == "code":
         try:
             row["answer"] = json.dumps(check_tests(row.get("tests")))
         except ValueError as e:
             raise DatasetError(f"{where}: {e}") from e
+    else:
+        row["answer"] = _answer(row, where, fields)
     for key in ("prompt", "answer"):
         if not isinstance(row.get(key), str) or not row[key]:
             raise DatasetError(f"{where}: field {key!r} must be a non-empty string")
-    row.setdefault("uid", where)
+    row["verifier"] = verifier
+    if row.get("uid") is None:
+        row["uid"] = where
     return row
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        raise DatasetError(f"dataset file not found: {path}")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from e
-        rows.append(check_row(row, f"{path}:{i}"))
-    if not rows:
-        raise DatasetError(f"{path}: no rows")
-    return rows
+def read_prompts(spec: str | Path, fields: Fields = PLAIN) -> list[dict]:
+    """Checked rows of a dataset path: a file, a directory or a glob (sources.resolve)."""
+    return [check_row(row, where, fields) for where, row in read_rows(spec)]
 
 
 def embedded_rows(seed: int, n: int, max_steps: int) -> list[dict]:
@@ -70,7 +126,7 @@ def train_rows(task, n_needed: int) -> list[dict]:
     """Exactly `n_needed` prompts, in training order."""
     if not task.train_path:
         return embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task.max_steps_per_problem)
-    split = read_jsonl(task.train_path)
+    split = read_prompts(task.train_path, Fields.of(task))
     out, epoch = [], 0
     while len(out) < n_needed:
         order = list(split)
@@ -83,4 +139,4 @@ def train_rows(task, n_needed: int) -> list[dict]:
 def eval_rows(task) -> list[dict]:
     if not task.eval_path:
         return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task.max_steps_per_problem)
-    return read_jsonl(task.eval_path)[: task.n_eval]
+    return read_prompts(task.eval_path, Fields.of(task))[: task.n_eval]

@@ -116,10 +116,16 @@ class RewardStage:
     """Ray Data UDF: fills in reward and reward_reason of every sample of each group."""
 
     def __init__(self, timeout_s: float = 5.0, code_timeout_s: float = 30.0,
-                 code_opts: dict | None = None, check_fn=check):
+                 code_opts: dict | None = None, check_fn=check, driver_name: str = "",
+                 namespace: str = ""):
         self.checker = TimedChecker(timeout_s, fn=check_fn)
         self.code_timeout_s = code_timeout_s
         self.code_opts = code_opts or {}
+        if driver_name:  # counted in the reward-pool size metric while it lives
+            import ray
+            ctx = ray.get_runtime_context()
+            ray.get_actor(driver_name, namespace=namespace).register_reward_actor.remote(
+                ctx.get_actor_id(), ctx.current_actor)
 
     def __del__(self):
         self.checker.close()

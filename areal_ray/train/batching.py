@@ -5,7 +5,8 @@ fills micro-batches up to `algo.max_tokens_per_mb` tokens: packed (one row of
 concatenated sequences, no padding; the default) by first-fit decreasing, or padded
 (right-padded rows) by longest-first greedy. Ranks agree on the micro-batch count by
 all-reduce; a rank with fewer sequences than bins runs an empty micro-batch as a
-zero-weight forward/backward so FSDP's collectives stay in step.
+zero-weight forward/backward so FSDP's collectives stay in step. Micro-batches are
+built on the CPU; `to_device` puts one on the model's device before its passes.
 """
 
 from __future__ import annotations
@@ -23,14 +24,31 @@ from areal_ray.algo.microbatch import (
     split_balanced,
 )
 from areal_ray.algo.packing import pack, packed_token_logprobs
+from areal_ray.train.fsdp import model_device
+
+
+def comm_device() -> torch.device:
+    """Where a tensor of a collective on the default group must be: NCCL (Ray Train's
+    group with `train.use_gpu`) takes only CUDA tensors, gloo CPU ones."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
     if not dist.is_initialized():
         return values
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def to_device(mb: dict | None, device: torch.device) -> dict | None:
+    """The micro-batch with its tensors on `device` (a no-op for tensors already there);
+    other values and empty slots (None) unchanged."""
+    if mb is None:
+        return None
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
 
 
 def seq_len(s: dict) -> int:
@@ -86,4 +104,4 @@ def forward_logprobs(model, mb: dict, temperature: float) -> torch.Tensor:
 
 def empty_forward(model, pad_id: int) -> torch.Tensor:
     """A zero-valued loss through the whole model (keeps FSDP collectives in step)."""
-    return model(input_ids=torch.tensor([[pad_id]])).logits.sum() * 0.0
+    return model(input_ids=torch.tensor([[pad_id]], device=model_device(model))).logits.sum() * 0.0

@@ -12,6 +12,10 @@ A checkpoint taken after step t (policy version v = t + 1) is one directory:
                        continue exactly, with no prompt trained twice
   rng_rank{r}.pt       torch and Python RNG state of every rank
 
+Everything is saved as CPU tensors and loaded onto the CPU; loading into the models
+and optimizers then puts each state on its parameters' device (the worker's GPU with
+`train.use_gpu`), so a checkpoint moves between GPU and CPU trainers.
+
 Every rank calls `save_checkpoint` (gathering the optimizer state is collective) and
 reports its part with `ray.train.report`; Ray Train puts the parts in one directory
 under `<run_dir>/train/` and hands the latest back through `ray.train.get_checkpoint()`
@@ -49,7 +53,15 @@ def full_optimizer_state(model, opt) -> dict:
     if _distributed():
         return get_optimizer_state_dict(model, opt, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
-    return opt.state_dict()
+    state = opt.state_dict()
+    return {**state, "state": {k: {n: v.cpu() if torch.is_tensor(v) else v for n, v in per.items()}
+                               for k, per in state["state"].items()}}
+
+
+def _load(path: Path):
+    """A saved state on the CPU, whichever device wrote it; `load_state_dict`,
+    `set_*_state_dict` and `set_rng_state` take it from there."""
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def load_optimizer_state(model, opt, state: dict) -> None:
@@ -130,18 +142,18 @@ def load_checkpoint(models, ckpt_dir: str | Path) -> None:
     """Every rank, after building the models (the policy from `ckpt_dir/model`)."""
     d = Path(ckpt_dir)
     rank = dist.get_rank() if _distributed() else 0
-    load_optimizer_state(models.policy, models.opt, torch.load(d / "optimizer.pt", weights_only=False))
-    models.sched.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
+    load_optimizer_state(models.policy, models.opt, _load(d / "optimizer.pt"))
+    models.sched.load_state_dict(_load(d / "scheduler.pt"))
     if models.critic is not None:
-        critic = torch.load(d / "critic.pt", weights_only=False)
+        critic = _load(d / "critic.pt")
         if _distributed():
             set_model_state_dict(models.critic, critic, options=StateDictOptions(full_state_dict=True))
         else:
             models.critic.load_state_dict(critic)
         load_optimizer_state(models.critic, models.critic_opt,
-                             torch.load(d / "critic_optimizer.pt", weights_only=False))
+                             _load(d / "critic_optimizer.pt"))
     rng = d / f"rng_rank{rank}.pt"
     if rng.exists():  # a restart with more workers than the checkpoint had: fresh RNG
-        state = torch.load(rng, weights_only=False)
+        state = _load(rng)
         torch.set_rng_state(state["torch"])
         random.setstate(state["python"])

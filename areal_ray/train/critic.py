@@ -19,14 +19,16 @@ from areal_ray.algo.gae import gae, token_rewards
 from areal_ray.train.fsdp import load_sharded_model
 
 
-def load_critic(path: str, dtype: str = "float32", attn_implementation: str = ""):
+def load_critic(path: str, dtype: str = "float32", attn_implementation: str = "",
+                device: torch.device | str = "cpu", master_dtype: str = ""):
     def build(p, **kw):
         model = AutoModelForTokenClassification.from_pretrained(p, num_labels=1, **kw)
         torch.nn.init.zeros_(model.score.weight)
         if getattr(model.score, "bias", None) is not None:
             torch.nn.init.zeros_(model.score.bias)
         return model
-    return load_sharded_model(path, dtype, build=build, attn_implementation=attn_implementation)
+    return load_sharded_model(path, dtype, build=build, attn_implementation=attn_implementation,
+                              device=device, master_dtype=master_dtype)
 
 
 def forward_values(critic, mb: dict) -> torch.Tensor:
@@ -51,6 +53,7 @@ def write_gae_targets(critic, mb: dict, gamma: float, lam: float) -> None:
     for j in mb["seq_ids"][mask].unique().tolist():
         idx = (mb["seq_ids"] == j) & mask
         outcome = float(mb["advantages"][idx][-1])
-        a, r = gae(token_rewards(outcome, int(idx.sum())), values[idx], gamma, lam)
+        # gae() returns tensors on the rewards' device: that must be the values' one.
+        a, r = gae(token_rewards(outcome, int(idx.sum())).to(values.device), values[idx], gamma, lam)
         adv[idx], returns[idx] = a, r
     mb["advantages"], mb["returns"], mb["old_values"] = adv, returns, values

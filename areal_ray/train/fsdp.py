@@ -2,9 +2,11 @@
 
 Each decoder layer is its own FSDP unit, then the whole model, so parameters are
 gathered one layer at a time. On CPU the process group is gloo (Ray Train sets it
-up); the same code runs with NCCL on GPUs. `full_state_dict` must be called on every
-rank (it all-gathers); only rank 0 gets the tensors, as plain CPU tensors ready to
-push to rollout replicas or save in HF format.
+up); with `train.use_gpu` it is NCCL and the model is moved to the worker's GPU
+before sharding, so the shards and FSDP's mesh live there. Everything downstream
+finds the device from the parameters (`model_device`). `full_state_dict` must be
+called on every rank (it all-gathers); only rank 0 gets the tensors, as plain CPU
+tensors ready to push to rollout replicas or save in HF format.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM
 
 
@@ -28,20 +31,37 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable: bool = True,
-                       attn_implementation: str = ""):
+                       attn_implementation: str = "", device: torch.device | str = "cpu",
+                       master_dtype: str = ""):
     """`build(path, dtype=..., [attn_implementation=...])` makes the unsharded model
-    (default: the causal LM); `trainable=False` freezes it (the KL reference model)."""
+    (default: the causal LM); `trainable=False` freezes it (the KL reference model).
+    `master_dtype` (e.g. float32 under a bfloat16 `dtype`) is the dtype the parameters
+    and the optimizer state are kept in, while sharded forward/backward run in `dtype`:
+    in bf16 alone, an AdamW update (about lr, ~1e-5) is below half the rounding step
+    of a typical weight (~6e-5 at 0.03) and would mostly be lost."""
     build = build or AutoModelForCausalLM.from_pretrained
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = build(path, dtype=getattr(torch, dtype), **kwargs)
+    device = torch.device(device)
+    model = build(path, dtype=getattr(torch, master_dtype or dtype), **kwargs).to(device)
     if not trainable:
         model.requires_grad_(False)
         model.eval()
     if dist.is_available() and dist.is_initialized():
+        # An explicit mesh of the model's device type: FSDP's default follows whatever
+        # accelerator is visible, which would not match a CPU trainer on a GPU node.
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32) \
+            if master_dtype and master_dtype != dtype else MixedPrecisionPolicy()
         for layer in decoder_layers(model):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def model_device(model) -> torch.device:
+    """Where the model's parameters (FSDP shards included) live: the device its inputs
+    must be on."""
+    return next(model.parameters()).device
 
 
 def full_state_dict(model) -> dict[str, torch.Tensor]:

@@ -1,11 +1,12 @@
 """The Ray Train worker loop: one decoupled-PPO step per policy version.
 
-Start (every rank): build the policy (from the latest checkpoint's HF model when Ray
-Train hands one back: a restart after a failure, or a resumed run), its optimizer and
-LR schedule, the frozen reference model (kl_coef > 0) and the critic (GAE); restore
-their states. Rank 0 then gives the driver this run's starting point (version, next
-ticket, rejected count, consumed prompts, and the weights when the replicas serve
-others), which re-opens the staleness gate for the fresh pipeline.
+Start (every rank): build the policy on the worker's device (its GPU with
+`train.use_gpu`), from the latest checkpoint's HF model when Ray Train hands one back
+(a restart after a failure, or a resumed run), its optimizer and LR schedule, the
+frozen reference model (kl_coef > 0) and the critic (GAE); restore their states.
+Rank 0 then gives the driver this run's starting point (version, next ticket,
+rejected count, consumed prompts, and the weights when the replicas serve others),
+which re-opens the staleness gate for the fresh pipeline.
 
 Per step t, on every worker:
   1. the next B accepted groups in ticket order (StepAssembler; the dynamic filter
@@ -26,6 +27,7 @@ from collections import Counter
 
 import ray
 import ray.train
+import ray.train.torch
 import torch
 import torch.distributed as dist
 
@@ -74,18 +76,26 @@ def informative(g: Group) -> bool:
     return bool(informative_groups(torch.tensor([[s.reward or 0.0 for s in g.samples]]))[0])
 
 
+def worker_device(use_gpu: bool) -> torch.device:
+    """This worker's GPU (Ray Train gives each worker one and makes it the current
+    device), or the CPU."""
+    return ray.train.torch.get_device() if use_gpu else torch.device("cpu")
+
+
 def build_models(cfg: Config, model_path: str, policy_path: str) -> Models:
-    attn = cfg.model.attn_implementation
-    policy = load_sharded_model(policy_path, cfg.model.dtype, attn_implementation=attn)
+    attn, master = cfg.model.attn_implementation, cfg.train.master_dtype
+    dev = worker_device(cfg.train.use_gpu)
+    policy = load_sharded_model(policy_path, cfg.model.dtype, attn_implementation=attn, device=dev,
+                                master_dtype=master)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay,
                             betas=(0.9, 0.95), eps=1e-8)
     m = Models(policy, opt, make_scheduler(opt, cfg.train.steps, cfg.algo.lr_warmup_steps,
                                            cfg.algo.lr_schedule))
     if cfg.algo.kl_coef > 0:  # the reference is the initial model, also after a resume
         m.ref = load_sharded_model(model_path, cfg.model.dtype, trainable=False,
-                                   attn_implementation=attn)
+                                   attn_implementation=attn, device=dev)
     if cfg.algo.adv_estimator == "gae":
-        m.critic = load_critic(model_path, cfg.model.dtype, attn)
+        m.critic = load_critic(model_path, cfg.model.dtype, attn, device=dev, master_dtype=master)
         m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=cfg.algo.critic_lr,
                                          betas=(0.9, 0.95), eps=1e-8)
     return m

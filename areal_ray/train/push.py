@@ -4,10 +4,11 @@ Every trainer rank walks the parameters in the same order and all-gathers each o
 (`DTensor.full_tensor()`, a collective among the trainer's ranks); only rank 0 uses
 the result. On the collective path rank 0 streams the tensors straight into the
 broadcast buckets of `areal_ray.weights.WeightGroup`, so gathering parameter k+1
-overlaps the transfer of the previous bucket. Rank 0 also keeps the full state dict
-on CPU: checkpoints use it, and it is the object-store fallback when a broadcast
-fails (a replica died or timed out), so a push always completes for the live
-replicas. Stats per push: path, bytes, gather / transfer / load seconds.
+overlaps the transfer of the previous bucket; on a GPU trainer they stay on the GPU
+for NCCL. Rank 0 also keeps the full state dict on CPU: checkpoints use it, and it
+is the object-store fallback when a broadcast fails (a replica died or timed out),
+so a push always completes for the live replicas. Stats per push: path, bytes,
+gather / transfer / load seconds.
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ class WeightPusher:
                 if item is None:
                     return
                 name, t = item
-                weights[name] = t = t.cpu()
+                weights[name] = t.cpu()  # checkpoints and the fallback want host copies
                 gather_s[0] += time.perf_counter() - tg
+                # As gathered: NCCL sends from the GPU it is on, gloo's bucket copy
+                # brings it to the CPU (WeightGroup.send moves it to the group's device).
                 yield t
 
         tensors = stream()

@@ -38,8 +38,10 @@ from areal_ray.train.batching import (
     forward_logprobs,
     rank_share,
     split_minibatches,
+    to_device,
 )
 from areal_ray.train.critic import forward_values, write_gae_targets
+from areal_ray.train.fsdp import model_device
 
 POLICY_STATS = ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl", "kl_ref")
 
@@ -90,7 +92,12 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     varlen = str(getattr(m.policy.config, "_attn_implementation", "")).startswith("flash")
-    minis = [build_microbatches(part, algo.max_tokens_per_mb, algo.pack, pad_id, varlen)
+    # Every model of the worker (policy, reference, critic) is on the policy's device.
+    # The whole step's micro-batches go there at once: packed for flash-attention they
+    # are a few vectors of T entries (sdpa's block mask is T x T: use flash on GPUs).
+    dev = model_device(m.policy)
+    minis = [[to_device(mb, dev) for mb in build_microbatches(part, algo.max_tokens_per_mb,
+                                                              algo.pack, pad_id, varlen)]
              for part in split_minibatches(rank_share(seqs, rank, world), algo.ppo_minibatches)]
     flat = [mb for mbs in minis for mb in mbs]
     timings = {}

@@ -1,11 +1,12 @@
-"""Dataset rows are checked up front; a bad row is an error naming file and line."""
+"""Dataset rows are mapped and checked up front; a bad row is an error naming file and row."""
 
 import json
 
 import pytest
 
-from areal_ray.config import load_config
-from areal_ray.data.prompts import DatasetError, read_jsonl, train_rows
+from areal_ray.config import ConfigError, load_config
+from areal_ray.data.prompts import DatasetError, eval_rows, read_prompts, train_rows
+from tests.data.test_sources import GSM8K, SOURCES, write_jsonl, write_parquet
 
 
 def write(tmp_path, rows):
@@ -16,8 +17,8 @@ def write(tmp_path, rows):
 
 def test_math_and_code_rows(tmp_path):
     tests = [{"input": "1\n", "output": "1\n"}]
-    rows = read_jsonl(write(tmp_path, [{"prompt": "1+1=", "answer": "2"},
-                                       {"prompt": "echo", "verifier": "code", "tests": tests}]))
+    rows = read_prompts(write(tmp_path, [{"prompt": "1+1=", "answer": "2"},
+                                         {"prompt": "echo", "verifier": "code", "tests": tests}]))
     assert rows[0]["verifier"] == "math"
     assert json.loads(rows[1]["answer"]) == tests
 
@@ -31,7 +32,7 @@ def test_math_and_code_rows(tmp_path):
 ])
 def test_bad_rows_are_clear_errors(tmp_path, bad, match):
     with pytest.raises(DatasetError, match=match):
-        read_jsonl(write(tmp_path, [{"prompt": "ok", "answer": "1"}, bad]))
+        read_prompts(write(tmp_path, [{"prompt": "ok", "answer": "1"}, bad]))
 
 
 def test_train_rows_cycle_epochs_each_prompt_once_per_epoch(tmp_path):
@@ -41,3 +42,80 @@ def test_train_rows_cycle_epochs_each_prompt_once_per_epoch(tmp_path):
     assert len(rows) == 12
     for epoch in (0, 1):
         assert sorted(r["uid"] for r in rows[5 * epoch: 5 * epoch + 5]) == [f"u{i}" for i in range(5)]
+
+
+TEMPLATE = "Question: {question}\nAnswer: let's think step by step."
+# Override values are parsed as YAML: a JSON string is a valid YAML double-quoted one.
+GSM8K_KEYS = [f"task.prompt_template={json.dumps(TEMPLATE)}", r"task.answer_pattern='####\s*(.+)$'"]
+
+
+def gsm8k_task(train, *more):
+    return load_config(None, [f"task.train_path={train}", f"task.eval_path={train}", *GSM8K_KEYS, *more]).task
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_gsm8k_rows_map_without_conversion(tmp_path, kind):
+    task = gsm8k_task(SOURCES[kind](tmp_path), "task.n_eval=2")
+    rows = eval_rows(task)
+    assert [r["prompt"] for r in rows] == [TEMPLATE.format(question=g["question"]) for g in GSM8K[:2]]
+    assert [r["answer"] for r in rows] == ["7", "72"]
+    assert all(r["verifier"] == "math" and r["uid"] and r["question"] for r in rows)
+    assert sorted(r["answer"] for r in train_rows(task, 3)) == ["25", "7", "72"]
+
+
+def test_plain_rows_are_unchanged_by_default(tmp_path):
+    p = write_parquet(tmp_path / "d.parquet", [{"prompt": "1+1=", "answer": "2", "uid": "a"}])
+    assert eval_rows(load_config(None, [f"task.eval_path={p}"]).task) == [
+        {"prompt": "1+1=", "answer": "2", "uid": "a", "verifier": "math"}]
+
+
+def test_answer_field_and_whole_match(tmp_path):
+    p = write_parquet(tmp_path / "d.parquet", [{"problem": "6*7?", "solution": 42}])
+    task = load_config(None, [f"task.eval_path={p}", "task.prompt_template='{problem}'",
+                              "task.answer_field=solution"]).task
+    assert [(r["prompt"], r["answer"]) for r in eval_rows(task)] == [("6*7?", "42")]
+    task = load_config(None, [f"task.eval_path={p}", "task.prompt_template='{problem}'",
+                              "task.answer_field=solution", r"task.answer_pattern='\d$'"]).task
+    assert eval_rows(task)[0]["answer"] == "2"
+
+
+def test_code_rows_ignore_the_answer_mapping(tmp_path):
+    tests = [{"input": "1\n", "output": "1\n"}]
+    p = write_parquet(tmp_path / "c.parquet", [{"statement": "echo", "verifier": "code", "tests": tests}])
+    (row,) = eval_rows(gsm8k_task(p, "task.prompt_template='{statement}'"))
+    assert row["prompt"] == "echo" and json.loads(row["answer"]) == tests
+
+
+@pytest.mark.parametrize("row,keys,match", [
+    ({"question": "q", "answer": "no marker"}, [],
+     r"d.jsonl:2: task.answer_pattern .* does not match field 'answer' \(ends 'no marker'\)"),
+    ({"query": "q", "answer": "#### 1"}, [], r"d.jsonl:2: task.prompt_template needs field 'question'; the row has \['answer', 'query'\]"),
+    ({"question": "q", "final": "#### 1"}, [], r"d.jsonl:2: field 'answer' is missing \(task.answer_field\)"),
+    ({"question": "q", "answer": None}, [], r"d.jsonl:2: field 'answer' is missing"),
+    ({"question": "q", "answer": "#### 1"}, ["task.prompt_template='{question.x}'"],
+     "d.jsonl:1: task.prompt_template cannot be filled from this row .*no attribute 'x'"),
+    ({"question": "", "answer": "#### 1"}, ["task.prompt_template='{question}'"], "d.jsonl:2: field 'prompt' must be a non-empty string"),
+])
+def test_rows_the_mapping_cannot_use_are_clear_errors(tmp_path, row, keys, match):
+    p = write_jsonl(tmp_path / "d.jsonl", [GSM8K[0], row])
+    with pytest.raises(DatasetError, match=match):
+        eval_rows(gsm8k_task(p, *keys))
+
+
+def test_a_parquet_row_error_names_file_and_row(tmp_path):
+    p = write_parquet(tmp_path / "d.parquet", [GSM8K[0], {"question": "q", "answer": "no marker"}])
+    with pytest.raises(DatasetError, match=r"d.parquet\[row 1\]: task.answer_pattern"):
+        train_rows(gsm8k_task(p), 4)
+
+
+@pytest.mark.parametrize("keys,match", [
+    (["task.prompt_template='Q: {question'"], "task.prompt_template: .*brace"),
+    (["task.prompt_template='Q: {}'"], "task.prompt_template: fields must be named"),
+    (["task.prompt_template='Q: {0}'"], "task.prompt_template: fields must be named"),
+    (["task.answer_pattern='(unclosed'"], "task.answer_pattern: not a valid regex"),
+    (["task.answer_field=''"], "task.answer_field must name"),
+])
+def test_a_bad_template_or_pattern_is_a_config_error(tmp_path, keys, match):
+    p = write_jsonl(tmp_path / "d.jsonl", GSM8K)
+    with pytest.raises(ConfigError, match=match):
+        eval_rows(load_config(None, [f"task.eval_path={p}", *keys]).task)

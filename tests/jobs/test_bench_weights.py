@@ -9,7 +9,7 @@ from jobs.bench_weights import main
 
 def test_bench_weights_writes_its_report(ray_cluster, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert main([f"out={out}", "params=8e6", "replicas=2", "bucket_mb=4"]) == 0
+    assert main([f"out={out}", "params=[8e6]", "replicas=[2]", "bucket_mb=4"]) == 0
     report = json.loads(out.read_text())
     assert [r["path"] for r in report["results"]] == ["collective", "object_store", "disk", "shm"]
     for r in report["results"]:

@@ -1,6 +1,8 @@
 """Micro-batch construction on one rank: whole groups per rank, budgets filled."""
 
-from areal_ray.train.batching import build_microbatches, rank_share
+import torch
+
+from areal_ray.train.batching import build_microbatches, rank_share, to_device
 from tests.algo.test_packing import make_seqs
 
 
@@ -20,3 +22,16 @@ def test_microbatches_fill_the_budget():
     assert sum(int(mb["loss_mask"].sum()) for mb in packed) == sum(len(s["output_ids"]) for s in seqs)
     padded = build_microbatches(seqs, max_tokens=64, packed=False, pad_id=0)
     assert sum(int(mb["loss_mask"].sum()) for mb in padded) == sum(len(s["output_ids"]) for s in seqs)
+
+
+def test_to_device_moves_every_tensor_and_nothing_else():
+    from areal_ray.algo.packing import pack
+    mb = dict(pack(make_seqs(3)), note="kept", ids=[1, 2])
+    moved = to_device(mb, torch.device("meta"))  # any device other than the CPU shows the move
+    tensors = {k for k, v in mb.items() if isinstance(v, torch.Tensor)}
+    assert tensors >= {"input_ids", "position_ids", "loss_mask", "advantages", "attention_mask"}
+    assert all(moved[k].device.type == "meta" and moved[k].dtype == mb[k].dtype
+               and moved[k].shape == mb[k].shape for k in tensors)
+    assert moved["note"] == "kept" and moved["ids"] is mb["ids"]
+    assert mb["input_ids"].device.type == "cpu"  # the CPU micro-batch is left as it was
+    assert to_device(None, torch.device("meta")) is None

@@ -1,0 +1,116 @@
+"""Dataset files on disk, read into plain dict rows with the place each came from.
+
+Real prompt sets come as jsonl, as parquet (a Hugging Face Hub snapshot), or as arrow
+(`datasets.Dataset.save_to_disk`). Reading them here, with pyarrow only, means they
+can be used as they are: no conversion step and no `datasets` dependency. A path is a
+file, a directory (every data file directly in it) or a glob. Each row comes with its
+place, `path:line` (jsonl, 1-based like an editor) or `path[row i]` (parquet and
+arrow, 0-based like a table index), so a later check can name the exact row. Nothing
+here knows what a prompt row must hold: that is `prompts.check_row`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+Located = tuple[str, object]  # (place, row as read)
+
+
+class DatasetError(ValueError):
+    pass
+
+
+def read_jsonl(path: Path) -> list[Located]:
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{path}:{i}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+    return rows
+
+
+def _table_rows(path: Path, table: pa.Table) -> list[Located]:
+    return [(f"{path}[row {i}]", row) for i, row in enumerate(table.to_pylist())]
+
+
+def read_parquet(path: Path) -> list[Located]:
+    try:
+        # ParquetFile, not read_table: a file under a `key=value` folder must not grow
+        # hive partition columns.
+        table = pq.ParquetFile(path).read()
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{path}: cannot read as parquet ({e})") from e
+    return _table_rows(path, table)
+
+
+def read_arrow(path: Path) -> list[Located]:
+    # save_to_disk writes the IPC stream format; plain `.arrow` files elsewhere are
+    # often the random-access file format, so try both before giving up.
+    try:
+        with pa.memory_map(str(path)) as src:
+            try:
+                table = pa.ipc.open_stream(src).read_all()
+            except pa.ArrowInvalid:
+                src.seek(0)
+                table = pa.ipc.open_file(src).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{path}: cannot read as arrow ({e})") from e
+    return _table_rows(path, table)
+
+
+READERS = {".jsonl": read_jsonl, ".parquet": read_parquet, ".arrow": read_arrow}
+KINDS = ", ".join(READERS)
+
+
+def _dir_files(path: Path) -> list[Path]:
+    if (path / "dataset_dict.json").exists():
+        splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+        raise DatasetError(f"{path}: a saved DatasetDict with splits {splits}; "
+                           f"point at one split, e.g. {path / (splits[0] if splits else 'train')}")
+    # Not recursive: a Hub snapshot keeps configs and splits in subfolders, and mixing
+    # train and test silently would be worse than asking for a narrower path.
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in READERS)
+    if not files:
+        raise DatasetError(f"{path}: no {KINDS} files directly in this directory "
+                           "(for a snapshot, point at a split with a glob, e.g. "
+                           f"{path}/main/train-*.parquet)")
+    return files
+
+
+def resolve(spec: str | Path) -> list[Path]:
+    """The data files that `spec` names, in reading order."""
+    path = Path(spec)
+    if path.is_dir():
+        return _dir_files(path)
+    if path.exists():
+        files = [path]
+    elif any(c in str(spec) for c in "*?["):
+        matches = sorted(glob.glob(str(spec), recursive=True))
+        if not matches:
+            raise DatasetError(f"no dataset files match {str(spec)!r}")
+        files = [f for m in map(Path, matches) for f in (_dir_files(m) if m.is_dir() else [m])]
+    else:
+        raise DatasetError(f"dataset file not found: {path}")
+    for f in files:
+        if f.suffix not in READERS:
+            raise DatasetError(f"{f}: unsupported file type {f.suffix or '(none)'!r}; "
+                               f"expected {KINDS}, a directory or a glob")
+    return files
+
+
+def read_rows(spec: str | Path) -> list[Located]:
+    """Every row of every file that `spec` names, each with its place."""
+    files = resolve(spec)
+    rows = [row for f in files for row in READERS[f.suffix](f)]
+    if not rows:
+        where = files[0] if len(files) == 1 else f"{spec} ({len(files)} files)"
+        raise DatasetError(f"{where}: no rows")
+    return rows

@@ -1,0 +1,44 @@
+"""The command line every job shares: `--config FILE.yaml`, `key=value` overrides,
+and `--help` listing each config key with its default and meaning.
+
+A job's keys are a dataclass (the run `Config` for train and eval; a small one per
+benchmark), so the same omegaconf rules hold everywhere: unknown keys and ill-typed
+values are errors naming the key, before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from areal_ray.config import Config, ConfigError, help_lines, load_config
+
+
+def job_config(argv: list[str] | None, prog: str, description: str, schema=Config):
+    """The job's validated config, or None after printing the error (exit status 2)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, description=description,
+        epilog="config keys (set in the YAML or as key=value):\n" + "\n".join(help_lines(schema)))
+    parser.add_argument("--config", help="YAML config file (see conf/)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.eta=4")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return load_config(args.config, args.overrides, schema=schema)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def run_job(argv: list[str] | None, prog: str, description: str, fn) -> int:
+    """`fn(cfg)` with the run `Config`; exit status 2 with the message for bad input
+    found when the job starts (a model dir, a dataset, a run dir), not a traceback."""
+    cfg = job_config(argv, prog, description)
+    if cfg is None:
+        return 2
+    from areal_ray.data.sources import DatasetError
+    try:
+        fn(cfg)
+    except (ConfigError, DatasetError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

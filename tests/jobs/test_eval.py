@@ -1,0 +1,27 @@
+"""jobs/eval.py on the embedded model: greedy and sampled pass@k, a JSON report and an
+MLflow run; a bad model path is a clear error before anything starts."""
+
+import json
+
+import mlflow
+
+from jobs.eval import main
+
+
+def test_eval_reports_pass_at_k_to_json_and_mlflow(ray_cluster, embedded_model, tmp_path, capsys):
+    out, store = tmp_path / "eval.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["--config", "conf/quickstart.yaml", "task.n_eval=12", "eval.k=3",
+                 f"eval.out={out}", f"run.mlflow_tracking_uri={store}", "run.name=evaltest"]) == 0
+    report = json.loads(out.read_text())
+    assert report["problems"] == 12 and report["k"] == 3
+    assert 0 <= report["sampled_pass@1"] <= report["sampled_pass@3"] <= 1
+    assert 0 <= report["greedy_pass@1"] <= 1
+    run = mlflow.MlflowClient(tracking_uri=store).get_run(report["mlflow_run_id"])
+    assert run.data.metrics["sampled_pass_at_3"] == report["sampled_pass@3"]
+    assert run.data.params["eval.k"] == "3"
+    assert "pass@3" in capsys.readouterr().out
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
+    assert main(["eval.model_path=" + str(tmp_path / "nope")]) == 2
+    assert "eval.model_path" in (err := capsys.readouterr().err) and "no config.json" in err

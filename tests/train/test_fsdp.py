@@ -1,0 +1,83 @@
+"""The sharded trainer models on a real (one-rank, gloo) process group, on the CPU:
+the FSDP2 path of fsdp.py, train_step and the checkpoint's optimizer round trip, as
+Ray Train runs them. The GPU path is the same code with another device."""
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from areal_ray.config import load_config
+from areal_ray.train.batching import all_reduce, comm_device
+from areal_ray.train.checkpoint import _load, full_optimizer_state, load_optimizer_state
+from areal_ray.train.fsdp import full_state_dict, load_sharded_model, model_device
+from areal_ray.train.schedule import make_scheduler
+from areal_ray.train.step import Models, train_step
+from tests.algo.test_packing import make_seqs
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_model_lives_on_the_device_and_hands_out_cpu_weights(random_model_dir, one_rank_group):
+    plain = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    model = load_sharded_model(random_model_dir, device=torch.device("cpu"))
+    params = list(model.parameters())
+    assert all(isinstance(p, DTensor) and p.device_mesh.device_type == "cpu" for p in params)
+    assert model_device(model) == torch.device("cpu")
+    weights = full_state_dict(model)
+    assert set(weights) == set(plain.state_dict())
+    assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in weights.values())
+    assert all(torch.equal(weights[k], v) for k, v in plain.state_dict().items())
+    assert comm_device() == torch.device("cpu") and all_reduce([1.5, 2.0]) == [1.5, 2.0]
+
+
+def test_master_dtype_keeps_fp32_weights_and_computes_in_bf16(random_model_dir, one_rank_group):
+    model = load_sharded_model(random_model_dir, "bfloat16", master_dtype="float32")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    logits = model(input_ids=torch.tensor([[5, 6, 7]])).logits
+    assert logits.dtype == torch.bfloat16
+    logits.float().sum().backward()
+    assert {p.grad.dtype for p in model.parameters()} == {torch.float32}
+    assert {v.dtype for v in full_state_dict(model).values()} == {torch.float32}
+
+
+def test_train_step_on_a_sharded_mixed_precision_model(random_model_dir, one_rank_group):
+    model = load_sharded_model(random_model_dir, "bfloat16", master_dtype="float32")
+    before = {k: v.clone() for k, v in full_state_dict(model).items()}
+    cfg = load_config(None, ["algo.max_tokens_per_mb=64"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    seqs = [dict(s, ticket=t) for t in range(2) for s in make_seqs(3, seed=t)]
+    stats = train_step(Models(model, opt, make_scheduler(opt, 10, 0, "constant")), seqs, cfg, 0, 0)
+    assert stats["n_microbatches"] > 1 and stats["grad_norm"] > 0
+    after = full_state_dict(model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_optimizer_state_round_trips_through_a_cpu_file(random_model_dir, one_rank_group, tmp_path):
+    def build():
+        model = load_sharded_model(random_model_dir)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    model, opt = build()
+    model(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    opt.step()
+    saved = full_optimizer_state(model, opt)
+    torch.save(saved, tmp_path / "optimizer.pt")
+    model2, opt2 = build()
+    load_optimizer_state(model2, opt2, _load(tmp_path / "optimizer.pt"))
+    restored = full_optimizer_state(model2, opt2)
+    for name, state in saved["state"].items():
+        for key, value in state.items():
+            assert torch.equal(restored["state"][name][key], value), (name, key)
+    assert all(isinstance(s["exp_avg"], DTensor) for s in opt2.state.values())
