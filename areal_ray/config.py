@@ -47,6 +47,7 @@ class TaskConfig:
     n_eval: int = opt(256, "held-out problems evaluated before and after training")
     seed: int = opt(0, "seed of the embedded task's problems and of the per-epoch shuffle")
     max_steps_per_problem: int = opt(8, "longest chain of the embedded arithmetic task")
+    chain_p_stop: float = opt(0.35, "embedded task: chains have 1 + Geometric(chain_p_stop) steps (capped at max_steps_per_problem); smaller means a longer tail of output lengths")
 
 
 @dataclass
@@ -236,6 +237,7 @@ def validate(cfg: Config) -> Config:
         (cfg.train.master_dtype in ("", "float32", "bfloat16", "float16"),
          f"train.master_dtype {cfg.train.master_dtype!r} is not one of '', float32, bfloat16, float16"),
         (not cfg.run.resume or cfg.run.run_dir, "run.resume needs run.run_dir (the run to continue)"),
+        (0 < cfg.task.chain_p_stop <= 1, "task.chain_p_stop must be in (0, 1]"),
         (bool(cfg.task.answer_field), "task.answer_field must name the field holding the reference answer"),
         (cfg.run.log_model or not cfg.run.register_model, "run.register_model needs run.log_model=true"),
     ]

@@ -49,6 +49,7 @@ from areal_ray.data.staleness import StalenessGate
 from areal_ray.metrics import DriverMetrics
 
 MONITOR_PERIOD_S = 2.0
+MAX_LOAD_REPORTS = 20_000  # per replica: 11 hours at one report per 2 s
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -74,6 +75,7 @@ class Driver:
         self.metrics = DriverMetrics(run_name)
         self._reward_actors: dict[str, object] = {}  # actor id -> handle (pool-size metric)
         self._monitor: asyncio.Task | None = None
+        self._loads: dict[str, list[dict]] = {}  # replica -> its engine load reports
 
     def _c(self) -> asyncio.Condition:
         if self._cond is None:
@@ -290,6 +292,16 @@ class Driver:
         self.metrics.step(record)
 
     # ------------------------------------------------------------ monitoring
+    def report_load(self, replica_id: str, report: dict) -> None:
+        """A replica's periodic engine report {time, tokens, busy_s, running, queued}:
+        the run's rollout idle fraction is computed from these (utilization.py)."""
+        rows = self._loads.setdefault(replica_id, [])
+        rows.append(report)
+        del rows[:-MAX_LOAD_REPORTS]
+
+    def replica_loads(self) -> dict[str, list[dict]]:
+        return self._loads
+
     async def register_reward_actor(self, actor_id: str, handle) -> None:
         """Reward actors announce themselves; the monitor counts the live ones (Ray Data
         scales the pool, and a stopped actor says nothing)."""

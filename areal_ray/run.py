@@ -33,6 +33,7 @@ from areal_ray.event_loop import off_event_loop
 from areal_ray.tracking import RunTracker, lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, save_hf
 from areal_ray.train.loop import train_loop_per_worker
+from areal_ray.utilization import length_stats, rollout_idle, steady_state
 from areal_ray.weights import state_from
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
@@ -189,7 +190,9 @@ def run_training(cfg: Config) -> dict:
             print(f"[areal-ray] eval after: accuracy {after['accuracy']:.3f} (n={after['n']})", flush=True)
         final_dir = save_final_model(driver, model_path, run_dir / "final_model")
         n_prior = sum(r["version"] <= (tail.start_version or 0) for r in steps)
+        loads = ray.get(driver.replica_loads.remote())
         summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start, n_prior)
+        summary.update(utilization(steps[n_prior:], loads))
         summary.update({"run_dir": str(run_dir), "final_model": str(final_dir),
                         "mlflow_run_id": tracker.run_id})
         tracker.finish(summary, steps, final_dir)
@@ -213,6 +216,16 @@ def save_final_model(driver, model_path: str, out: Path) -> Path:
     if weights is None:  # nothing was trained: the initial model
         return save_hf(AutoModelForCausalLM.from_pretrained(model_path).state_dict(), model_path, out)
     return save_hf(state_from(ray.get(weights[0])), model_path, out)
+
+
+def utilization(steps: list[dict], loads: dict[str, list[dict]]) -> dict:
+    """Steady-state throughput, trainer and rollout idle fractions and the output
+    lengths of this job's steps (areal_ray/utilization.py)."""
+    out = {**steady_state(steps),
+           **length_stats([n for s in steps for n in s.get("output_lens", [])])}
+    if len(steps) >= 2 and "t_wall" in steps[0]:
+        out.update(rollout_idle(loads, steps[0]["t_wall"], steps[-1]["t_wall"]))
+    return out
 
 
 def summarize(cfg: Config, steps: list[dict], before, after, train_s: float, wall_s: float,

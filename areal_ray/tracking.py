@@ -123,7 +123,7 @@ class RunTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[
             Metric(k, float(v), now, int(rec["step"])) for k, v in rec.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"])
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "t_wall")])
         # ETA from the last few steps: the first one also carries the pipeline's start-up.
         eta_s = sum(self.recent_step_s) / len(self.recent_step_s) * (self.cfg.train.steps - self.n_steps)
         tok_s = rec["n_tokens"] / rec["step_s"] if rec.get("step_s") else 0.0

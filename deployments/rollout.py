@@ -144,7 +144,13 @@ class RolloutServer:
     async def _sample_metrics(self) -> None:
         while True:
             try:
-                self.metrics.sample(self.engine.load())
+                load = self.engine.load()
+                self.metrics.sample(load)
+                if self.driver is not None:  # fire and forget: the run's idle accounting
+                    self.driver.report_load.remote(self.replica_id, {
+                        "time": time.time(), "tokens": load.get("tokens", 0),
+                        "busy_s": load.get("busy_s"), "running": load.get("running", 0),
+                        "queued": load.get("queued", 0)})
             except Exception:  # noqa: BLE001 - metrics must never take the replica down
                 logger.exception("metrics sample failed")
             await asyncio.sleep(METRICS_PERIOD_S)

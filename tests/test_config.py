@@ -71,7 +71,15 @@ def test_gpu_settings_that_fit_are_accepted():
     assert not load_config(None).train.use_gpu  # CPU stays the default
 
 
-@pytest.mark.parametrize("path", sorted(str(p) for p in (REPO / "conf").glob("*.yaml")))
+@pytest.mark.parametrize("path", sorted(str(p) for p in (REPO / "conf").glob("*.yaml")
+                                         if not p.name.startswith("bench_")))
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
     assert cfg.run.name and cfg.train.steps >= 1
+
+
+def test_benchmark_config_loads():
+    """conf/bench_*.yaml configure a benchmark: its keys, with a run config under `base`."""
+    from jobs.bench_async import BenchAsyncConfig, check
+    c = check(load_config(str(REPO / "conf" / "bench_async.yaml"), schema=BenchAsyncConfig))
+    assert 0 in c.etas and c.base.train.steps >= 1

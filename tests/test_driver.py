@@ -74,3 +74,15 @@ def test_rejected_groups_free_their_slots(ray_cluster):
     assert not ray.wait([blocked], timeout=0.3)[0]
     ray.get(d.reject.remote(1))
     assert ray.get(blocked, timeout=10) == (1, 0)
+
+
+def test_replica_load_reports_are_kept_per_replica(ray_cluster):
+    d = Driver.remote(eta=0, batch_groups=1)
+    for i in range(5):
+        d.report_load.remote("a", {"time": float(i), "busy_s": i / 2, "tokens": 10 * i,
+                                   "running": 1, "queued": 0})
+    d.report_load.remote("b", {"time": 0.0, "busy_s": None, "tokens": 0, "running": 0, "queued": 0})
+    loads = ray.get(d.replica_loads.remote())
+    assert [r["time"] for r in loads["a"]] == [0.0, 1.0, 2.0, 3.0, 4.0]  # in order
+    assert len(loads["b"]) == 1
+    ray.kill(d)

@@ -106,6 +106,9 @@ class PipelineFactory:
         self.args = (rows, cfg, model_path, driver_name, namespace, app_name, deployment_name)
 
     def __call__(self) -> ray.data.Dataset:
+        # Called in Ray Train's controller: a dataset takes this process's context, and
+        # the job prints one line per step instead of Ray Data's progress bars.
+        ray.data.DataContext.get_current().enable_progress_bars = False
         driver = ray.get_actor(self.args[3], namespace=self.args[4])
         generation = ray.get(driver.begin_generation.remote())
         return build_pipeline(*self.args, generation=generation)

@@ -118,14 +118,15 @@ def read_prompts(spec: str | Path, fields: Fields = PLAIN) -> list[dict]:
     return [check_row(row, where, fields) for where, row in read_rows(spec)]
 
 
-def embedded_rows(seed: int, n: int, max_steps: int) -> list[dict]:
-    return [p.to_row(f"arith-{seed}-{i}") for i, p in enumerate(make_split(seed, n, max_steps))]
+def embedded_rows(seed: int, n: int, task) -> list[dict]:
+    split = make_split(seed, n, task.max_steps_per_problem, p_stop=task.chain_p_stop)
+    return [p.to_row(f"arith-{seed}-{i}") for i, p in enumerate(split)]
 
 
 def train_rows(task, n_needed: int) -> list[dict]:
     """Exactly `n_needed` prompts, in training order."""
     if not task.train_path:
-        return embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task.max_steps_per_problem)
+        return embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task)
     split = read_prompts(task.train_path, Fields.of(task))
     out, epoch = [], 0
     while len(out) < n_needed:
@@ -138,5 +139,5 @@ def train_rows(task, n_needed: int) -> list[dict]:
 
 def eval_rows(task) -> list[dict]:
     if not task.eval_path:
-        return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task.max_steps_per_problem)
+        return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task)
     return read_prompts(task.eval_path, Fields.of(task))[: task.n_eval]

@@ -148,7 +148,7 @@ def train_loop_per_worker(config: dict) -> None:
         weights, push = pusher.push(m.policy, step + 1)
         if rank == 0:
             now = time.perf_counter()
-            stats.update(time_s=now - t_start, step_s=now - t_prev, **push)
+            stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push)
             ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats)))
             t_prev = now
         if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0:
@@ -171,6 +171,7 @@ def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: 
         "step": step, "version": step + 1,
         "reward_mean": sum(s.reward or 0.0 for s in samples) / len(samples),
         "n_samples": len(samples), "n_tokens": sum(len(s.output_ids) for s in samples),
+        "output_lens": [len(s.output_ids) for s in samples],
         "staleness_max": max(stale), "staleness_mean": sum(stale) / len(stale),
         "staleness_hist": {str(v): stale.count(v) for v in sorted(set(stale))},
         "tickets": [g.ticket for g in groups], "positions": [g.pos for g in groups],

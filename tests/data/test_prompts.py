@@ -119,3 +119,12 @@ def test_a_bad_template_or_pattern_is_a_config_error(tmp_path, keys, match):
     p = write_jsonl(tmp_path / "d.jsonl", GSM8K)
     with pytest.raises(ConfigError, match=match):
         eval_rows(load_config(None, [f"task.eval_path={p}", *keys]).task)
+
+
+@pytest.mark.parametrize("p_stop", [0.35, 0.1])
+def test_embedded_chain_lengths_follow_chain_p_stop(p_stop):
+    cfg = load_config(None, [f"task.chain_p_stop={p_stop}", "task.max_steps_per_problem=32"])
+    steps = [r["n_steps"] for r in train_rows(cfg.task, 2000)]
+    # 1 + Geometric(p): mean 1/p, capped at 32
+    assert sum(steps) / len(steps) == pytest.approx(1 / p_stop, rel=0.15)
+    assert max(steps) <= 32

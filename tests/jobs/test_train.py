@@ -56,6 +56,12 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
     assert on_disk["steps"] == STEPS and on_disk["eta"] == eta
     assert on_disk["max_staleness"] <= eta
     assert 0.0 <= on_disk["eval_accuracy_after"] <= 1.0
+    # where the time went (utilization.py): the trainer waits, the lengths are recorded
+    assert 0.0 <= on_disk["trainer_idle_fraction"] <= 1.0
+    assert on_disk["steady_samples_per_s"] > 0
+    assert all(len(s["output_lens"]) == s["n_samples"] and sum(s["output_lens"]) == s["n_tokens"]
+               for s in steps)
+    assert on_disk["output_len_max"] == max(n for s in steps for n in s["output_lens"])
     assert (tmp_path / "run" / "final_model" / "config.json").exists()
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

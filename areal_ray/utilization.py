@@ -1,0 +1,83 @@
+"""Where a run's time went: trainer and rollout idle fractions, steady-state
+throughput and output-length tails, computed from what a run records anyway.
+
+These are the figures that say whether asynchrony pays (jobs/bench_async.py) and
+they land in every run's summary.json:
+
+* trainer idle: the share of the trainer's step time spent waiting for a batch
+  (`wait_s` of each step record over its `step_s`);
+* rollout idle: the share of wall time a replica's engine had nothing to run. Each
+  replica reports its engine's cumulative busy clock to the driver every few
+  seconds (`Driver.report_load`); the fraction is taken between the first and last
+  report inside the training window. Engines without a busy clock (SGLang) count a
+  report as idle when nothing is running or queued;
+* steady state: from the end of the first step to the end of the last. The first
+  step also carries the start-up of Ray Data, the trainer and the first rollouts,
+  the same at every eta, which would otherwise blur a comparison of short runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
+    if not values:
+        raise ValueError("percentile of an empty list")
+    s = sorted(values)
+    return float(s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))])
+
+
+def length_stats(lengths: list[int]) -> dict:
+    """The shape of the output-length distribution: its median, tail and maximum."""
+    if not lengths:
+        return {}
+    return {"output_len_mean": sum(lengths) / len(lengths),
+            "output_len_p50": percentile(lengths, 50), "output_len_p90": percentile(lengths, 90),
+            "output_len_p99": percentile(lengths, 99), "output_len_max": float(max(lengths))}
+
+
+def steady_state(steps: list[dict]) -> dict:
+    """Throughput and trainer idle fraction from the end of the first step on.
+
+    `steps`: the run's step records in order (with `time_s`, `step_s`, `wait_s`,
+    `n_samples`, `n_tokens`). Needs two steps; returns {} with fewer."""
+    if len(steps) < 2:
+        return {}
+    later = steps[1:]
+    window = steps[-1]["time_s"] - steps[0]["time_s"]
+    step_s = sum(s["step_s"] for s in later)
+    return {
+        "steady_s": window,
+        "steady_samples_per_s": sum(s["n_samples"] for s in later) / window,
+        "steady_tokens_per_s": sum(s["n_tokens"] for s in later) / window,
+        "trainer_idle_fraction": sum(s["wait_s"] for s in later) / step_s,
+        "train_compute_s_per_step": sum(s.get("train_s", 0.0) for s in later) / len(later),
+        "step_s_mean": step_s / len(later),
+    }
+
+
+def rollout_idle(reports: dict[str, list[dict]], t0: float, t1: float) -> dict:
+    """Rollout idle fraction and generation tokens/s between wall times t0 and t1.
+
+    `reports`: replica id -> its load reports in time order, each {time, tokens,
+    busy_s (or None), running, queued}. Replicas with fewer than two reports in the
+    window are left out; returns {} when none has two."""
+    idle_s = covered_s = tokens_per_s = 0.0
+    for rows in reports.values():
+        inside = [r for r in rows if t0 <= r["time"] <= t1]
+        if len(inside) < 2 or inside[-1]["time"] <= inside[0]["time"]:
+            continue
+        first, last = inside[0], inside[-1]
+        dt = last["time"] - first["time"]
+        if first.get("busy_s") is not None and last.get("busy_s") is not None:
+            idle_s += max(0.0, dt - (last["busy_s"] - first["busy_s"]))
+        else:
+            idle_s += dt * sum(r["running"] == 0 and r["queued"] == 0 for r in inside) / len(inside)
+        covered_s += dt
+        # every generated token counts, the aborted tails of interrupted requests too
+        tokens_per_s += (last["tokens"] - first["tokens"]) / dt
+    if covered_s <= 0:
+        return {}
+    return {"rollout_idle_fraction": idle_s / covered_s, "generation_tokens_per_s": tokens_per_s}
