@@ -61,12 +61,12 @@ def steady_state(steps: list[dict]) -> dict:
 def rollout_idle(reports: dict[str, list[dict]], t0: float, t1: float) -> dict:
     """Rollout idle fraction and generation tokens/s between wall times t0 and t1.
 
-    `reports`: replica id -> its load reports in time order, each {time, tokens,
+    `reports`: replica id -> its load reports (any order), each {time, tokens,
     busy_s (or None), running, queued}. Replicas with fewer than two reports in the
     window are left out; returns {} when none has two."""
     idle_s = covered_s = tokens_per_s = 0.0
     for rows in reports.values():
-        inside = [r for r in rows if t0 <= r["time"] <= t1]
+        inside = sorted((r for r in rows if t0 <= r["time"] <= t1), key=lambda r: r["time"])
         if len(inside) < 2 or inside[-1]["time"] <= inside[0]["time"]:
             continue
         first, last = inside[0], inside[-1]

@@ -46,7 +46,7 @@ def test_rollout_idle_from_the_busy_clock_inside_the_window():
         "a": [report(5, 0, 0), report(12, 1, 100), report(14, 2, 200), report(16, 4, 400),
               report(25, 20, 2000)],
         # busy 1 of 4 s
-        "b": [report(11, 0, 0), report(15, 1, 40)],
+        "b": [report(15, 1, 40), report(11, 0, 0)],  # out of order: sorted by time
     }
     s = rollout_idle(reports, 10, 20)
     assert s["rollout_idle_fraction"] == pytest.approx((1 + 3) / (4 + 4))
