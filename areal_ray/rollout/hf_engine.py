@@ -48,6 +48,7 @@ from areal_ray.rollout.engine import (
     check_pause_mode,
 )
 from areal_ray.rollout.kv_batch import KVBatch, new_cache
+from areal_ray.weights import digest
 
 
 @dataclass
@@ -166,6 +167,10 @@ class HFEngine:
         if missing or unexpected:
             raise ValueError(f"weight update does not match the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
+
+    async def weights_digest(self) -> dict:
+        """The sha256 of the weights this engine computes with (areal_ray.weights.digest)."""
+        return {"digest": digest(self.model.state_dict())}
 
     def get_version(self) -> int:
         return self.version

