@@ -43,7 +43,7 @@ def test_every_key_has_help():
 @pytest.mark.parametrize("overrides,match", [
     (["algo.adv_estimator=magic"], "adv_estimator"),
     (["algo.overlong_tokens=500", "rollout.max_new_tokens=96"], "overlong_tokens"),
-    (["rollout.backend=vllm"], "rollout.backend"),
+    (["rollout.backend=tgi"], "rollout.backend"),
     (["rollout.batching=dynamic"], "rollout.batching"),
     (["rollout.router=round_robin"], "rollout.router"),
 ])

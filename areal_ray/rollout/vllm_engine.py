@@ -152,6 +152,10 @@ class VLLMEngine:
                 os.environ.setdefault(k, v)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.prefix_caching = bool(args["enable_prefix_caching"])
+        # Every request goes straight into vLLM's own queue, so its scheduler sees all
+        # the work. A push then also aborts the queued ones (they come back empty and
+        # are resubmitted); holding requests past max_num_seqs at our gate instead was
+        # measured slower (bench_rollout: 4.6k vs 5.1k tok/s, and slower with pushes).
         self.gate = AdmissionGate(version)
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
 

@@ -9,13 +9,17 @@ they stopped.
 """
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 
+import psutil
 import pytest
 import ray
 import torch
 from ray import serve
+from ray._private import state
 from transformers import AutoModelForCausalLM
 
 from areal_ray.config import WeightsConfig, load_config
@@ -176,3 +180,24 @@ def test_hundreds_of_concurrent_requests_complete_across_both_replicas(app):
     after = replica_stats(handle, 2)
     served = {k: after[k]["requests"] - before.get(k, 0) for k in after}
     assert sum(served.values()) >= 200 and min(served.values()) > 0  # the router used both
+
+
+def test_a_killed_replica_takes_its_engine_processes_along_and_its_successor_catches_up(app, tmp_path):
+    """SIGKILL of a replica: Ray reaps vLLM's engine-core and worker processes (they
+    would otherwise hold ~2 GB each), Serve starts a new replica, and it loads the
+    current weights before it serves."""
+    two_replicas(app)
+    push(app, tmp_path)
+    victim = next(a for a in state.actors().values() if a["State"] == "ALIVE"
+                  and "ServeReplica:vllm-" in a["ActorClassName"])
+    engine_pids = [p.pid for p in psutil.Process(victim["Pid"]).children(recursive=True)]
+    assert len(engine_pids) >= 2  # vLLM's engine core and its worker
+    os.kill(victim["Pid"], signal.SIGKILL)
+    deadline = time.time() + 60
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+              for p in engine_pids):
+        assert time.time() < deadline, "vLLM processes outlived their replica"
+        time.sleep(0.5)
+    push(app, tmp_path)  # the dead member is dropped; Serve restarts it meanwhile
+    want = (app["version"], digest(app["model"].state_dict()))
+    assert {(d["version"], d["digest"]) for d in digests(app["handle"], 2, 240).values()} == {want}

@@ -18,9 +18,12 @@ REQUIRED_SUMMARY_KEYS = {"steps", "eval_accuracy_before", "eval_accuracy_after",
                          "samples_per_s", "tokens_per_s", "max_staleness", "eta"}
 
 
-@pytest.mark.parametrize("eta,workers", [(0, 1), (1, 2), (4, 1)])
-def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path, eta, workers):
+@pytest.mark.parametrize("eta,workers,backend", [(0, 1, "hf"), (1, 2, "hf"), (4, 1, "hf"),
+                                                 (2, 1, "vllm")])
+def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path, eta, workers,
+                                               backend):
     cfg = load_config("conf/quickstart.yaml", [f"train.num_workers={workers}",
+        f"rollout.backend={backend}",
         f"model.path={embedded_model}", f"algo.eta={eta}", f"algo.batch_groups={B}",
         f"train.steps={STEPS}", "rollout.group_size=4", "rollout.max_new_tokens=64",
         "task.n_eval=16", f"run.run_dir={tmp_path / 'run'}", f"run.name=e2e-eta{eta}",

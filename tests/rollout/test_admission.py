@@ -142,3 +142,4 @@ def test_pause_mode_is_validated():
         await AdmissionGate().pause("retract", None)
     with pytest.raises(ValueError, match="pause mode"):
         asyncio.run(scenario())
+
