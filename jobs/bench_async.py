@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_ray.config import Config, ConfigError, opt, to_dict, validate
-from jobs.cli import job_config
+from jobs.cli import bench_main
 
 OBJECTIVES = ("decoupled", "ppo")
 # figures copied from each arm's summary.json into the report
@@ -230,18 +230,8 @@ def run_bench(c: BenchAsyncConfig, argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    c = job_config(argv, "python -m jobs.bench_async", __doc__.splitlines()[0], BenchAsyncConfig)
-    if c is None:
-        return 2
-    try:
-        check(c)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    Path(c.out).parent.mkdir(parents=True, exist_ok=True)
-    run_bench(c, argv)
-    return 0
+    return bench_main(argv, "python -m jobs.bench_async", __doc__.splitlines()[0], BenchAsyncConfig, check,
+                      run_bench)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from areal_ray.config import BACKENDS, Config, ConfigError, opt, to_dict, validate
 from jobs.bench_async import machine
-from jobs.cli import job_config
+from jobs.cli import bench_main
 
 RUN_KEYS = ("wall_s", "train_s", "samples_per_s", "steady_samples_per_s",
             "generation_tokens_per_s", "rollout_idle_fraction", "trainer_idle_fraction",
@@ -123,18 +123,8 @@ def run_bench(c: BenchBackendsConfig, argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    c = job_config(argv, "python -m jobs.bench_backends", __doc__.splitlines()[0], BenchBackendsConfig)
-    if c is None:
-        return 2
-    try:
-        check(c)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    Path(c.out).parent.mkdir(parents=True, exist_ok=True)
-    run_bench(c, argv)
-    return 0
+    return bench_main(argv, "python -m jobs.bench_backends", __doc__.splitlines()[0], BenchBackendsConfig, check,
+                      run_bench)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from areal_ray.config import Config, ConfigError, help_lines, load_config
 
@@ -27,6 +28,23 @@ def job_config(argv: list[str] | None, prog: str, description: str, schema=Confi
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
+
+
+def bench_main(argv: list[str] | None, prog: str, description: str, schema, check, run) -> int:
+    """A benchmark: its config, `check(c)` for what the schema cannot say (exit status 2
+    with the message), then `run(c, argv)` with the folder of `c.out` created."""
+    argv = sys.argv[1:] if argv is None else argv
+    c = job_config(argv, prog, description, schema)
+    if c is None:
+        return 2
+    try:
+        check(c)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    Path(c.out).parent.mkdir(parents=True, exist_ok=True)
+    run(c, argv)
+    return 0
 
 
 def run_job(argv: list[str] | None, prog: str, description: str, fn) -> int:

@@ -125,3 +125,37 @@ class AdmissionGate:
         # whole budget counts as outstanding: an upper bound.
         return {"queued": len(self._queued), "running": len(self._running),
                 "outstanding_tokens": sum(self._queued.values()) + sum(self._running.values())}
+
+
+class GatedEngine:
+    """The protocol's pause/resume/version calls of an engine that keeps an
+    `AdmissionGate` in `self.gate` and can abort requests by id (`_abort`)."""
+
+    gate: AdmissionGate
+
+    async def _abort(self, rids: list[str]) -> None:
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return self.gate.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        """Relabel the weights served (a publication without new weights)."""
+        self.gate.version = version
+
+    def get_version(self) -> int:
+        return self.gate.version
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Close the gate; abort the running requests ("abort") or let them finish
+        ("wait"); return once none of ours is inside the engine."""
+        await self.gate.pause(mode, self._abort)
+
+    async def resume(self) -> None:
+        self.gate.resume()
+
+    async def _swap(self, version: int, mode: str, load) -> dict:
+        """pause(mode), await `load()`, serve `version`; a failed load stays paused."""
+        return await self.gate.swap(version, mode, load, self._abort)

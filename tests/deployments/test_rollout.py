@@ -17,7 +17,7 @@ from areal_ray.driver import Driver
 from areal_ray.train.push import WeightPusher
 from areal_ray.weights import digest
 from deployments.rollout import build_app
-from tests.train.test_push import perturb, replica_digests
+from tests.train.test_push import perturb, replica_digests, replica_reports
 
 
 @pytest.fixture
@@ -50,12 +50,7 @@ def driver(ray_cluster):
 
 
 def replica_stats(handle, n: int, timeout_s: float = 90.0) -> dict[str, dict]:
-    seen, t0 = {}, time.time()
-    while len(seen) < n:
-        assert time.time() - t0 < timeout_s, f"only {len(seen)} of {n} replicas answered"
-        s = handle.stats.remote().result(timeout_s=timeout_s)
-        seen[s["replica_id"]] = s
-    return seen
+    return replica_reports(handle, n, "stats", timeout_s)
 
 
 def test_hundreds_of_concurrent_requests_all_complete(deploy):

@@ -29,7 +29,7 @@ from areal_ray.train.push import WeightPusher
 from areal_ray.weights import digest
 from deployments.rollout import build_app
 from tests.deployments.test_rollout import replica_stats
-from tests.train.test_push import perturb
+from tests.train.test_push import perturb, replica_reports
 
 pytest.importorskip("vllm")
 
@@ -52,15 +52,6 @@ def app(ray_cluster, embedded_model):
     yield {"driver": drv, "handle": handle, "model": model, "version": 0}
     serve.delete(appname)
     ray.kill(drv)
-
-
-def digests(handle, n, timeout_s=120.0) -> dict[str, dict]:
-    seen, t0 = {}, time.time()
-    while len(seen) < n:
-        assert time.time() - t0 < timeout_s, f"only {len(seen)} of {n} replicas answered"
-        d = handle.weights_digest.remote().result(timeout_s=timeout_s)
-        seen[d["replica_id"]] = d
-    return seen
 
 
 def push(app, tmp_path, path="object_store"):
@@ -106,7 +97,7 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(app, tmp_path
     assert stats[new]["version"] == app["version"]
     assert [u["version"] for u in stats[new]["updates"]] == [app["version"]]
     want = digest(app["model"].state_dict())
-    assert {d["version"]: d["digest"] for d in digests(app["handle"], 2).values()} == \
+    assert {d["version"]: d["digest"] for d in replica_reports(app["handle"], 2).values()} == \
         {app["version"]: want}
     assert set(ray.get(app["driver"].replicas.remote())) == set(stats)
 
@@ -119,7 +110,7 @@ def test_every_path_delivers_bit_identical_weights_into_both_engines(app, tmp_pa
     stats = push(app, tmp_path, path)
     assert stats["push_path"] == expected and stats["replicas"] == 2 and stats["push_dropped"] == 0
     state = app["model"].state_dict()
-    got = digests(app["handle"], 2)
+    got = replica_reports(app["handle"], 2)
     assert {(d["version"], d["digest"]) for d in got.values()} == {(app["version"], digest(state))}
     for d in got.values():  # what stays readable inside vLLM, tensor by tensor
         assert d["readable_digests"] == {k: digest({k: state[k]}) for k in d["readable_digests"]}
@@ -200,4 +191,4 @@ def test_a_killed_replica_takes_its_engine_processes_along_and_its_successor_cat
         time.sleep(0.5)
     push(app, tmp_path)  # the dead member is dropped; Serve restarts it meanwhile
     want = (app["version"], digest(app["model"].state_dict()))
-    assert {(d["version"], d["digest"]) for d in digests(app["handle"], 2, 240).values()} == {want}
+    assert {(d["version"], d["digest"]) for d in replica_reports(app["handle"], 2, timeout_s=240).values()} == {want}

@@ -56,6 +56,13 @@ def test_engine_args_keep_what_the_trainer_relies_on():
         (32, 64 << 20, 128)
     assert "seed" not in args
     vllm.engine.arg_utils.AsyncEngineArgs(**args)  # every key is one of vLLM's
+    # our CPU defaults; on GPUs vLLM's own (CUDA graphs, KV from gpu_memory_utilization)
+    cpu = engine_args("m", dtype="float32", max_batch_size=1, kv_cache_mb=None,
+                      enforce_eager=None, prefix_caching=True, seed=0, extra={})
+    gpu = engine_args("m", dtype="bfloat16", max_batch_size=1, kv_cache_mb=None,
+                      enforce_eager=None, prefix_caching=True, seed=0, extra={}, on_cpu=False)
+    assert (cpu["enforce_eager"], cpu["kv_cache_memory_bytes"], cpu["seed"]) == (True, 256 << 20, 0)
+    assert gpu["enforce_eager"] is False and "kv_cache_memory_bytes" not in gpu
     with pytest.raises(ValueError, match="logprobs_mode must stay"):
         engine_args("m", dtype="float32", max_batch_size=1, kv_cache_mb=1, enforce_eager=True,
                     prefix_caching=True, seed=0, extra={"logprobs_mode": "raw_logprobs"})

@@ -22,14 +22,21 @@ from areal_ray.weights import digest
 from deployments.rollout import build_app
 
 
-def replica_digests(handle, n: int, timeout_s: float = 90.0) -> dict[str, tuple[int, str]]:
-    """{replica_id: (version, digest)} once n distinct live replicas have answered."""
+def replica_reports(handle, n: int, method: str = "weights_digest",
+                    timeout_s: float = 90.0) -> dict[str, dict]:
+    """{replica_id: answer of `method`} once n distinct live replicas have answered."""
     seen, t0 = {}, time.time()
     while len(seen) < n:
         assert time.time() - t0 < timeout_s, f"only {len(seen)} of {n} replicas answered"
-        d = handle.weights_digest.remote().result(timeout_s=timeout_s)
-        seen[d["replica_id"]] = (d["version"], d["digest"])
+        d = getattr(handle, method).remote().result(timeout_s=timeout_s)
+        seen[d["replica_id"]] = d
     return seen
+
+
+def replica_digests(handle, n: int, timeout_s: float = 90.0) -> dict[str, tuple[int, str]]:
+    """{replica_id: (version, digest)} once n distinct live replicas have answered."""
+    return {k: (d["version"], d["digest"])
+            for k, d in replica_reports(handle, n, timeout_s=timeout_s).items()}
 
 
 def perturb(model, seed):
