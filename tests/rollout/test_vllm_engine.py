@@ -63,6 +63,9 @@ def test_engine_args_keep_what_the_trainer_relies_on():
                       enforce_eager=None, prefix_caching=True, seed=0, extra={}, on_cpu=False)
     assert (cpu["enforce_eager"], cpu["kv_cache_memory_bytes"], cpu["seed"]) == (True, 256 << 20, 0)
     assert gpu["enforce_eager"] is False and "kv_cache_memory_bytes" not in gpu
+    with pytest.raises(ValueError, match=r"\['mem_fraction_static'\] are neither vLLM"):
+        engine_args("m", dtype="float32", max_batch_size=1, kv_cache_mb=1, enforce_eager=True,
+                    prefix_caching=True, seed=0, extra={"mem_fraction_static": 0.8})
     with pytest.raises(ValueError, match="logprobs_mode must stay"):
         engine_args("m", dtype="float32", max_batch_size=1, kv_cache_mb=1, enforce_eager=True,
                     prefix_caching=True, seed=0, extra={"logprobs_mode": "raw_logprobs"})
