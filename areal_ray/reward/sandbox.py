@@ -76,10 +76,13 @@ def _set_limits(limits: Limits, drop_to_nobody: bool):
     def apply() -> None:
         os.setsid()
         mem = limits.memory_mb << 20
-        for res, val in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, mem),
-                         (resource.RLIMIT_FSIZE, limits.max_file_bytes),
+        for res, val in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, limits.max_file_bytes),
                          (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
             resource.setrlimit(res, (val, val))
+        # CPU time: the soft limit sends SIGXCPU (reported as a timeout); the hard one,
+        # a second later, SIGKILLs a program that catches it. With soft == hard the
+        # kernel sends SIGKILL at once, indistinguishable from any other kill.
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
         if drop_to_nobody:
             os.setgid(NOBODY)
             os.setuid(NOBODY)
@@ -162,8 +165,11 @@ def _run(argv: list[str], stdin: str, limits: Limits, cwd: str, drop: bool) -> R
         if reason is None:
             # bwrap, as PID 1 of the sandbox, reports a child killed by signal N as 128+N.
             sig = -code if code < 0 else (code - 128 if code > 128 else 0)
-            reason = "ok" if code == 0 else (f"killed by {signal.Signals(sig).name}"
-                                              if sig else f"exit {code}")
+            if sig == signal.SIGXCPU:
+                reason = "timeout (CPU time limit)"
+            else:
+                reason = "ok" if code == 0 else (f"killed by {signal.Signals(sig).name}"
+                                                  if sig else f"exit {code}")
         return RunResult(code, stdout[: limits.max_output_bytes].decode(errors="replace"),
                          err.read(64 << 10).decode(errors="replace"), reason)
 

@@ -6,7 +6,7 @@ calls a method of the worker there. vLLM mixes this class into its worker class,
 
 Weights arrive as the path of one safetensors file that the replica wrote (in
 /dev/shm where it exists). Tensors passed in `collective_rpc` arguments are turned
-into lists by its serializer (and crashed the CPU engine, STACK_NOTES), a file keeps
+into lists by its serializer (and crashed the CPU engine when probed), a file keeps
 the bytes exact and costs one copy on each side.
 
 Two CPU-build facts shape `areal_load_weights`:

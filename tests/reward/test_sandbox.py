@@ -29,7 +29,13 @@ def test_wall_clock_limit():
 
 def test_cpu_limit_kills_a_busy_loop_before_the_wall_limit():
     res = run_python("while True: pass", limits=Limits(wall_s=20.0, cpu_s=1))
-    assert res.reason.startswith("killed by")
+    assert res.reason == "timeout (CPU time limit)"  # SIGXCPU at the soft limit
+
+
+def test_a_program_that_ignores_the_cpu_signal_is_killed_a_second_later():
+    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
+    res = run_python(code, limits=Limits(wall_s=20.0, cpu_s=1))
+    assert res.reason == "killed by SIGKILL"
 
 
 def test_memory_limit():
