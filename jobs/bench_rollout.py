@@ -318,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         close(eng)
     if "hf" in engines:
         close(static)
+        del static
     if "vllm" in engines:
         del llm
+    engines.clear()  # vLLM's AsyncLLM.__del__ fails if it first runs at interpreter exit
     if c.serve:  # last, with the in-process engines gone: Ray's processes share the cores
         apps = {b: ServeApp(b, model_dir, reqs, batch) for b in backends}
         for b in backends:
