@@ -84,6 +84,12 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def shm_dir() -> Path:
+    """Where weight files shared between processes of one node go: memory-backed
+    /dev/shm where it exists, else the temp dir."""
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -189,8 +195,7 @@ class SharedMemoryWeights:
     have all moved on; a replica that registers late reads the other one."""
 
     def __init__(self, name: str):
-        root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-        self.paths = [root / f"areal-weights-{name}-{k}.bin" for k in (0, 1)]
+        self.paths = [shm_dir() / f"areal-weights-{name}-{k}.bin" for k in (0, 1)]
         self.bufs: list[torch.Tensor | None] = [None, None]
         self.slot = 1
 

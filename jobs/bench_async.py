@@ -230,8 +230,8 @@ def run_bench(c: BenchAsyncConfig, argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return bench_main(argv, "python -m jobs.bench_async", __doc__.splitlines()[0], BenchAsyncConfig, check,
-                      run_bench)
+    return bench_main(argv, "python -m jobs.bench_async", __doc__.splitlines()[0],
+                      BenchAsyncConfig, check, run_bench)
 
 
 if __name__ == "__main__":

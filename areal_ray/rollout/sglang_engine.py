@@ -15,9 +15,9 @@ closed and no request of ours is inside sglang. A request records the version wh
 it passes the gate; `pause("abort")` aborts the running ones (they return their
 partial output with stop reason "abort") and `pause("wait")` lets them finish. We
 keep our own gate (`AdmissionGate`, admission.py) instead of the TokenizerManager's
-`pause_generation`: its "abort"
-mode holds a request that already passed our gate inside sglang across the update
-(it would then run on the new weights under the old version tag), and its
+`pause_generation`: its "abort" mode holds a request that already passed our gate
+inside sglang across the update (it would then run on the new weights under the old
+version tag), and its
 "retract"/"in_place" modes freeze running requests instead of letting them finish.
 
 Behaviour logprobs. sglang returns, per output token, the logprob under

