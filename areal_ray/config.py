@@ -140,6 +140,8 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "save a resume checkpoint every N steps (HF model + optimizer + data position); 0: never")
     max_failures: int = opt(0, "Ray Train restarts of the trainer after a worker failure (from the last checkpoint)")
     use_gpu: bool = opt(False, "one GPU per trainer worker (Ray Train use_gpu; NCCL process group)")
+    activation_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward instead of keeping them (about a third more compute, a fraction of the activation memory; see docs/gpu.md)")
+    logits_chunk_mb: int = opt(256, "fp32 logits computed at a time for the trainer's logprobs (chunks are recomputed in the backward): bounds that memory for large vocabularies")
     master_dtype: str = opt("", "dtype of the trainer's parameters and optimizer state; empty: model.dtype. float32 under model.dtype=bfloat16 keeps fp32 master weights and runs forward/backward in bf16 (FSDP2 mixed precision)")
 
 
@@ -228,11 +230,12 @@ def validate(cfg: Config) -> Config:
         (cfg.weights.bucket_mb >= 1, "weights.bucket_mb must be >= 1"),
         (cfg.weights.timeout_s > 0, "weights.timeout_s must be > 0"),
         (cfg.train.max_failures >= 0, "train.max_failures must be >= 0"),
+        (cfg.train.logits_chunk_mb >= 1, "train.logits_chunk_mb must be >= 1"),
         (cfg.weights.backend != "nccl" or cfg.train.use_gpu,
          "weights.backend=nccl needs train.use_gpu=true (NCCL sends from the trainer's GPU); CPU trainers use weights.backend=gloo"),
         (cfg.weights.backend != "nccl" or cfg.rollout.num_gpus > 0,
          "weights.backend=nccl needs rollout.num_gpus > 0 (every replica receives on its GPU)"),
-        (not cfg.model.attn_implementation.startswith("flash") or cfg.train.use_gpu,
+        ("flash" not in cfg.model.attn_implementation or cfg.train.use_gpu,
          f"model.attn_implementation={cfg.model.attn_implementation} needs train.use_gpu=true (CUDA-only kernels)"),
         (cfg.train.master_dtype in ("", "float32", "bfloat16", "float16"),
          f"train.master_dtype {cfg.train.master_dtype!r} is not one of '', float32, bfloat16, float16"),

@@ -28,6 +28,7 @@ from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_rows
 from areal_ray.driver import Driver
+from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
 from areal_ray.event_loop import off_event_loop
 from areal_ray.tracking import RunTracker, lineage, read_events
@@ -77,6 +78,11 @@ def init_ray(cfg: Config) -> None:
                "TOKENIZERS_PARALLELISM": "false"}
         ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False,
                  runtime_env={"env_vars": env}, logging_level="WARNING")
+
+
+def trainer_runtime_env(cfg: Config) -> dict:
+    """GPU trainers get the NCCL settings the rollout replicas have (areal_ray.weights)."""
+    return {"env_vars": dict(NCCL_ENV)} if cfg.train.use_gpu else {}
 
 
 class StepTail:
@@ -174,7 +180,8 @@ def run_training(cfg: Config) -> dict:
             # A fixed name under the run dir: a new job with the same run dir (run.resume)
             # finds the checkpoints, and Ray Train hands the latest to the workers.
             run_config=RunConfig(name=TRAIN_DIR, storage_path=str(run_dir),
-                                 failure_config=FailureConfig(max_failures=cfg.train.max_failures)))
+                                 failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+                                 worker_runtime_env=trainer_runtime_env(cfg)))
         prior = lineage(read_events(tracker.steps_path)) if resume else []
         tail = StepTail(driver, tracker, prior=prior)
         t_train = time.time()

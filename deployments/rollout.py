@@ -34,7 +34,7 @@ from areal_ray.metrics import ReplicaMetrics
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
-from areal_ray.weights import WeightReceiver, state_from
+from areal_ray.weights import NCCL_ENV, WeightReceiver, state_from
 
 logger = logging.getLogger("ray.serve")
 
@@ -178,6 +178,12 @@ class RolloutServer:
     async def check_health(self) -> None:
         if self._watcher is not None and self._watcher.done():
             raise RuntimeError("weight watcher stopped")
+        # An engine whose weight load failed keeps its gate closed (its weights may be
+        # half written): failing the health check has Serve replace the replica, and
+        # the new one loads the latest weights when it registers.
+        failure = self.engine.load_failure() if hasattr(self.engine, "load_failure") else None
+        if failure:
+            raise RuntimeError(f"replica stopped serving: {failure}")
         if hasattr(self.engine, "check_health"):  # e.g. vLLM's engine-core process died
             await self.engine.check_health()
 
@@ -206,9 +212,12 @@ def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):
     if r.router == "least_tokens":
         scaling["request_router_config"] = RequestRouterConfig(
             request_router_class=LeastOutstandingTokensRouter)
+    actor = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
+    if r.num_gpus > 0:  # the trainer's NCCL settings (areal_ray.weights.NCCL_ENV)
+        actor["runtime_env"] = {"env_vars": dict(NCCL_ENV)}
     return RolloutServer.options(
         max_ongoing_requests=r.max_ongoing_requests,
-        ray_actor_options={"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
+        ray_actor_options=actor,
         logging_config={"enable_access_log": False},
         **scaling,
     ).bind(model_path, driver_name, namespace, ServerOptions.from_config(cfg))

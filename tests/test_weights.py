@@ -4,11 +4,13 @@ dtype conversion, and a member killed mid-broadcast turning into errors, not a h
 import multiprocessing as mp
 import os
 import signal
+import time
 
 import torch
 
 from areal_ray.weights import (
     TensorSpec,
+    NCCL_ENV,
     WeightGroup,
     digest,
     free_port,
@@ -32,14 +34,22 @@ def test_plan_buckets_by_hand():
     assert plan_buckets(specs, 128) == [[0, 1], [2], [3, 4]]
 
 
-def _member(rank, world, port, die_at, dtype, out):
+def _member(rank, world, port, die_at, dtype, out, idle=-1):
     store = WeightGroup.connect("127.0.0.1", port, 10, is_master=rank == 0)
     group = WeightGroup(store, 1, rank, world, timeout_s=5)
     sd = state()
     specs = manifest_of(sd.items(), dtype)
     try:
-        if rank == 0:
-            res = group.send(iter(sd.values()), specs, bucket_bytes=20_000)
+        if rank == idle:  # joined the group, never receives (e.g. stuck loading)
+            time.sleep(8)
+            out.put((rank, "idle", None))
+        elif rank == 0:
+            t0 = time.perf_counter()
+            try:
+                res = group.send(iter(sd.values()), specs, bucket_bytes=20_000)
+            except RuntimeError as e:
+                out.put((rank, "error", (str(e)[:80], time.perf_counter() - t0, group.transfers)))
+                return
             out.put((rank, "sent", res["bytes"]))
         else:
             got = {}
@@ -52,10 +62,11 @@ def _member(rank, world, port, die_at, dtype, out):
         out.put((rank, "error", str(e)[:80]))
 
 
-def run_group(world, die_at=-1, dtype=""):
+def run_group(world, die_at=-1, dtype="", idle=-1):
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_member, args=(r, world, port, die_at, dtype, out)) for r in range(world)]
+    procs = [ctx.Process(target=_member, args=(r, world, port, die_at, dtype, out, idle))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -89,6 +100,30 @@ def test_a_member_killed_mid_broadcast_is_an_error_not_a_hang():
     assert res[1][0] in ("got", "error")
     if res[1][0] == "got":
         assert res[1][1] == digest(state())
+
+
+def test_a_receiver_that_never_receives_is_found_before_any_collective():
+    # The sender waits for every receiver's readiness in the store, with the timeout,
+    # and raises before issuing a broadcast (on NCCL a broadcast to an absent peer
+    # would hang or be torn down by the watchdog, not raise).
+    res = run_group(world=3, idle=2)
+    kind, (msg, elapsed, transfers) = res[0]
+    assert kind == "error" and "ranks [2] not ready" in msg and elapsed < 8
+    assert transfers == 1  # counted: the next push's handshake uses fresh keys
+    assert res[2] == ("idle", None)
+
+
+def test_both_ends_of_an_nccl_push_get_the_same_nccl_settings():
+    from areal_ray.config import load_config
+    from areal_ray.run import trainer_runtime_env
+    from deployments.rollout import build_app
+    gpu = load_config("conf/gsm8k_qwen_sglang.yaml", [])
+    replica = build_app(gpu, "m")._bound_deployment.ray_actor_options["runtime_env"]["env_vars"]
+    assert replica == trainer_runtime_env(gpu)["env_vars"] == NCCL_ENV
+    assert NCCL_ENV["NCCL_CUMEM_ENABLE"] == "0"  # what sglang sets in its process when unset
+    cpu = load_config("conf/quickstart.yaml", [])
+    assert "runtime_env" not in build_app(cpu, "m")._bound_deployment.ray_actor_options
+    assert trainer_runtime_env(cpu) == {}
 
 
 def test_memcpy_bandwidth_is_measured():

@@ -6,11 +6,27 @@ tokens, the behaviour logprobs, the per-token advantages, the per-token versions
 the per-token sequence index (which sequence-level objectives such as GSPO group by).
 `token_logprobs` runs the model and returns log softmax(logits / T) at the next
 tokens: the same quantity the engine reports, so pi_theta/pi_behav is exact.
+
+Memory. The full fp32 logits of a micro-batch are T x V x 4 bytes: 6.2 GB for 10k
+tokens of Qwen2.5's 151,936-entry vocabulary, plus as much again for log_softmax and
+its gradient. So the model's output projection is replaced, for the duration of one
+forward (`logprob_head`), by one that returns the targets' logprobs directly,
+computing at most `chunk_bytes` of fp32 logits at a time; above one chunk each chunk
+runs under activation checkpointing, so the backward recomputes it instead of
+keeping it. The projection still runs inside the model's forward, where FSDP has its
+(possibly tied) weight gathered.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# Default fp32 logits per chunk (train.logits_chunk_mb).
+CHUNK_BYTES = 256 << 20
 
 TARGETS = ("loss_mask", "behavior_logprobs", "advantages", "versions", "seq_ids")
 
@@ -53,9 +69,48 @@ def pad_batch(seqs: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+    logits = F.linear(h, weight, bias).float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor,
+                     temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """log softmax(hidden @ weight.T + bias) / T at `targets`, for hidden [..., H] and
+    targets [...]; at most `chunk_bytes` of fp32 logits exist at once, forward or backward."""
+    rows = max(1, chunk_bytes // (4 * weight.shape[0]))
+    if targets.numel() <= rows:  # one chunk: nothing to gain from recomputing it
+        return _chunk_logprobs(hidden, weight, bias, targets, temperature)
+    h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    parts = [checkpoint(_chunk_logprobs, h[i:i + rows], weight, bias, t[i:i + rows], temperature,
+                        use_reentrant=False)
+             for i in range(0, h.shape[0], rows)]
+    # A copy, not a view: FSDP2 hooks its backward onto the module's output.
+    return torch.cat(parts).reshape(targets.shape).clone()
+
+
+@contextmanager
+def logprob_head(model, input_ids: torch.Tensor, temperature: float, chunk_bytes: int):
+    """While active, `model(...).logits` is [B, L-1]: the logprob of input_ids[:, 1:]."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise ValueError(f"{type(model).__name__} caps its logits; the chunked logprob head "
+                         "computes plain log-softmax and would differ from the engine's")
+    targets = input_ids[:, 1:]
+
+    def forward(hidden):
+        return chunked_logprobs(hidden[:, :-1], head.weight, head.bias, targets, temperature,
+                                chunk_bytes)
+    head.forward = forward  # an instance attribute: parameter names stay the same
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """[B, L-1] log-probabilities of input_ids[:, 1:] under the model."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    with logprob_head(model, input_ids, temperature, chunk_bytes):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_ray.algo.logprobs import write_targets
+from areal_ray.algo.logprobs import CHUNK_BYTES, logprob_head, write_targets
 
 
 def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
@@ -54,12 +54,11 @@ def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
     return out
 
 
-def packed_token_logprobs(model, packed: dict[str, torch.Tensor],
-                          temperature: float = 1.0) -> torch.Tensor:
+def packed_token_logprobs(model, packed: dict[str, torch.Tensor], temperature: float = 1.0,
+                          chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """[T-1] log-probabilities of input_ids[1:] (garbage across boundaries: masked out)."""
     kwargs = {"input_ids": packed["input_ids"], "position_ids": packed["position_ids"]}
     if "attention_mask" in packed:
         kwargs["attention_mask"] = packed["attention_mask"]
-    logits = model(**kwargs).logits[0, :-1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, packed["input_ids"][0, 1:, None]).squeeze(-1)
+    with logprob_head(model, packed["input_ids"], temperature, chunk_bytes):
+        return model(**kwargs).logits[0]

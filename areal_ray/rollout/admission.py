@@ -12,6 +12,15 @@ engine's scheduler yet can be held across the update and then run on the new wei
 under the old version tag. Closing the gate first and draining our own running set
 leaves no such window.
 
+Who opens the gate again after a swap: the gate remembers whether its *caller* holds
+it closed (`hold`/`release`, the protocol's pause/resume). A swap reopens it unless the
+caller holds it. A failed load keeps it closed (the engine's weights may be half
+written) and records why in `failed`, which the replica's health check reports, so
+Serve replaces a replica that cannot load; the next successful load reopens it. (The
+first version decided from "was the gate open when the swap began", so after one
+failed load every later swap found it closed and never reopened: the replica stayed
+paused for good.)
+
 Pure asyncio: the engine supplies how to abort its running requests and how to load
 weights; unit tests drive the gate with no engine at all.
 """
@@ -45,6 +54,8 @@ class AdmissionGate:
         self._queued: dict[object, int] = {}  # ticket -> token budget, waiting at the gate
         self._busy_since: float | None = None
         self._busy_s = 0.0
+        self._held = False  # the caller paused (hold) and has not resumed (release)
+        self.failed: str | None = None  # why the last load failed; None after a good one
 
     @property
     def is_open(self) -> bool:
@@ -97,20 +108,34 @@ class AdmissionGate:
     def resume(self) -> None:
         self._open.set()
 
+    async def hold(self, mode: str, abort: AbortFn) -> None:
+        """The caller's pause: like `pause`, and swaps keep the gate closed until `release`."""
+        self._held = True
+        await self.pause(mode, abort)
+
+    def release(self) -> None:
+        """The caller's resume: opens the gate (also after a failed load: the caller's call)."""
+        self._held = False
+        self.resume()
+
     async def swap(self, version: int, mode: str, load: Callable[[], Awaitable[object]],
                    abort: AbortFn) -> dict:
-        """pause(mode), await `load()`, serve `version`, resume unless the caller had paused.
+        """pause(mode), await `load()`, serve `version`, reopen unless the caller holds the gate.
 
-        A failed load leaves the gate closed: the engine's weights may be half written.
+        A failed load (or one cancelled half way) leaves the gate closed and sets `failed`.
         """
         async with self._update_lock:
-            was_open = self._open.is_set()
             t0 = time.perf_counter()
             await self.pause(mode, abort)
             t_paused = time.perf_counter()
-            await load()
+            try:
+                await load()
+            except BaseException as e:
+                self.failed = f"loading v{version} failed: {type(e).__name__}: {e}"[:500]
+                raise
+            self.failed = None
             self.version = version
-            if was_open:
+            if not self._held:
                 self.resume()
             return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
                     "version": version}
@@ -151,10 +176,14 @@ class GatedEngine:
     async def pause(self, mode: str = "abort") -> None:
         """Close the gate; abort the running requests ("abort") or let them finish
         ("wait"); return once none of ours is inside the engine."""
-        await self.gate.pause(mode, self._abort)
+        await self.gate.hold(mode, self._abort)
 
     async def resume(self) -> None:
-        self.gate.resume()
+        self.gate.release()
+
+    def load_failure(self) -> str | None:
+        """Why the last weight load failed (the gate stays closed), or None."""
+        return self.gate.failed
 
     async def _swap(self, version: int, mode: str, load) -> dict:
         """pause(mode), await `load()`, serve `version`; a failed load stays paused."""

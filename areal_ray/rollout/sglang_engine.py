@@ -29,6 +29,26 @@ the raw logits. The env var SGLANG_RETURN_ORIGINAL_LOGPROB (RETURN_ORIGINAL_LOGP
 in older releases) switches to pre-temperature logprobs, which our trainer cannot
 use, so the constructor refuses it.
 
+Weight updates. sglang 0.5.23 loads tensors only inside a weight-update session:
+`update_weights_from_tensor` answers success=False unless `begin_weight_update` ran
+before it, and `end_weight_update` must follow (it finalises the runners' weights).
+`update_weights_from_disk` needs no session. Tensors go to the scheduler through
+sglang's MultiprocessingSerializer (torch's ForkingPickler): a CPU tensor is shared
+by moving its storage into shared memory, which fails with OSError(9) for a view of
+a file mapping (our `shm` weight path), so CPU tensors are first copied into fresh
+memory, in the serving dtype (`named_tensors`). On the `collective` path the replica
+receives the buckets through our own process group (`areal_ray.weights`) and hands
+the tensors over the same way; sglang's `update_weights_from_distributed` is not
+used (it expects its own rendezvous and one broadcast per tensor).
+
+Aborts. TokenizerManager.abort_request(rid) sends an abort once per request and drops
+one for a request it has not registered yet, and the scheduler drops an abort for a
+request that has not reached it; either way that request would run to its end. So
+the drain re-sends `abort_all` every ABORT_RETRY_S (with our gate closed every
+request inside sglang is one we are draining).
+
+`tests/contract/` checks these calls against the real sglang wheel (`make test-contract`).
+
 Read against sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
 python/sglang/srt/entrypoints/engine.py (Engine.__init__/async_generate/shutdown and
 the sync wrappers), managers/tokenizer_manager.py (generate_request, abort_request,
@@ -58,8 +78,7 @@ except ImportError:  # CPU machines: the module still imports, the engine cannot
 # sglang's finish_reason["type"] -> our STOP_REASONS ("stop" covers EOS, stop ids, stop strings).
 FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
 
-# How often an abort is re-sent while draining: an abort that overtakes a request still
-# on its way to the scheduler is ignored there, and that request would run to the end.
+# How often `abort_all` is re-sent while draining (see "Aborts" above).
 ABORT_RETRY_S = 0.5
 
 _ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
@@ -104,10 +123,35 @@ def parse_output(out: dict, version: int, budget: int, rid: str = "") -> Generat
 
 
 def named_tensors(state_dict: dict, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs for `update_weights_from_tensor`, optionally cast (e.g. to the
-    serving dtype, which halves what is shared with the scheduler for fp32 trainers)."""
-    return [(name, t.detach() if dtype is None else t.detach().to(dtype))
-            for name, t in state_dict.items()]
+    """(name, tensor) pairs for `update_weights_from_tensor`, in the serving dtype if given
+    (halving what is shared for fp32 trainers). CPU tensors are always copied: views of
+    a file mapping (the shm path) or of read-only object-store memory cannot be moved
+    into shared memory by the serializer. CUDA tensors go by CUDA IPC, copied only to cast."""
+    out = []
+    for name, t in state_dict.items():
+        t = t.detach()
+        if t.device.type == "cpu":
+            t = t.to(dtype=dtype or t.dtype, copy=True)
+        elif dtype is not None:
+            t = t.to(dtype)
+        out.append((name, t))
+    return out
+
+
+def tensor_update_request(state_dict: dict, version: int, tp_size: int,
+                          dtype: torch.dtype | None = None):
+    """The UpdateWeightsFromTensorReqInput that Engine.update_weights_from_tensor builds:
+    one serialized payload per TP rank (each rank deserializes its own copy)."""
+    tensors = named_tensors(state_dict, dtype)
+    payloads = [MultiprocessingSerializer.serialize(tensors) for _ in range(tp_size)]
+    return io_struct.UpdateWeightsFromTensorReqInput(
+        serialized_named_tensors=payloads, load_format=None, flush_cache=True,
+        weight_version=str(version))
+
+
+def disk_update_request(path: str, version: int):
+    return io_struct.UpdateWeightFromDiskReqInput(model_path=path, load_format=None,
+                                                  weight_version=str(version))
 
 
 def original_logprob_env() -> str | None:
@@ -166,51 +210,37 @@ class SGLangEngine(GatedEngine):
         return res
 
     async def _abort(self, rids: list[str]) -> None:
-        for rid in rids:
-            self._tm.abort_request(rid=rid)
+        # The gate is closed: everything inside sglang is ours and being drained.
+        self._tm.abort_request(abort_all=True)
 
     # ----------------------------------------------------------------- weights
+    async def _in_session(self, call, obj, what: str) -> None:
+        """`call(obj)` between begin_weight_update and end_weight_update; the session is
+        closed even when the load fails, so the next push can open one."""
+        _check(await self._tm.begin_weight_update(io_struct.BeginWeightUpdateReqInput(), None),
+               "begin_weight_update")
+        try:
+            _check(await call(obj, None), what)
+        finally:
+            _check(await self._tm.end_weight_update(io_struct.EndWeightUpdateReqInput(), None),
+                   "end_weight_update")
+
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
-        """Load tensors in memory (CPU or CUDA), shared with the scheduler through sglang's
-        MultiprocessingSerializer: one payload per TP rank, as Engine's sync wrapper builds."""
+        """Load tensors in memory (CPU or CUDA) through sglang's serializer. The copy and
+        serialization happen before the pause, off the event loop, while generation goes on."""
+        obj = await asyncio.to_thread(tensor_update_request, state_dict, version,
+                                      self.engine.server_args.tp_size, self.torch_dtype)
+
         async def load():
-            tensors = named_tensors(state_dict, self.torch_dtype)
-            payloads = [MultiprocessingSerializer.serialize(tensors)
-                        for _ in range(self.engine.server_args.tp_size)]
-            obj = io_struct.UpdateWeightsFromTensorReqInput(
-                serialized_named_tensors=payloads,
-                load_format=None, flush_cache=True, weight_version=str(version))
-            _check(await self._tm.update_weights_from_tensor(obj, None), "update_weights_from_tensor")
+            await self._in_session(self._tm.update_weights_from_tensor, obj,
+                                   "update_weights_from_tensor")
         return await self._swap(version, mode, load)
 
     async def update_weights_from_disk(self, path: str, version: int, mode: str = "abort") -> dict:
-        """Load a HF checkpoint directory written by the trainer."""
+        """Load a HF checkpoint directory written by the trainer (no session needed)."""
         async def load():
-            obj = io_struct.UpdateWeightFromDiskReqInput(model_path=path, load_format=None,
-                                                        weight_version=str(version))
-            _check(await self._tm.update_weights_from_disk(obj, None), "update_weights_from_disk")
-        return await self._swap(version, mode, load)
-
-    async def init_weights_update_group(self, master_address: str, master_port: int,
-                                        rank_offset: int, world_size: int, group_name: str,
-                                        backend: str = "nccl") -> None:
-        """Join the trainer's process group (a collective: the trainer joins concurrently)."""
-        obj = io_struct.InitWeightsUpdateGroupReqInput(
-            master_address=master_address, master_port=master_port, rank_offset=rank_offset,
-            world_size=world_size, group_name=group_name, backend=backend)
-        _check(await self._tm.init_weights_update_group(obj, None), "init_weights_update_group")
-
-    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str],
-                                              shapes: list[list[int]], version: int,
-                                              group_name: str, mode: str = "abort") -> dict:
-        """Receive tensors broadcast by the trainer in `group_name` (dtypes are torch dtype
-        names, e.g. "bfloat16"); the trainer broadcasts them while this is awaited."""
-        async def load():
-            obj = io_struct.UpdateWeightsFromDistributedReqInput(
-                names=names, dtypes=dtypes, shapes=shapes, group_name=group_name,
-                flush_cache=True, weight_version=str(version))
-            _check(await self._tm.update_weights_from_distributed(obj, None),
-                   "update_weights_from_distributed")
+            _check(await self._tm.update_weights_from_disk(disk_update_request(path, version), None),
+                   "update_weights_from_disk")
         return await self._swap(version, mode, load)
 
     # ----------------------------------------------------------------- state

@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from areal_ray.algo.logprobs import pad_batch, token_logprobs
+from areal_ray.algo.logprobs import CHUNK_BYTES, pad_batch, token_logprobs
 from areal_ray.algo.microbatch import (
     assign_groups,
     count_microbatches,
@@ -25,6 +25,18 @@ from areal_ray.algo.microbatch import (
 )
 from areal_ray.algo.packing import pack, packed_token_logprobs
 from areal_ray.train.fsdp import model_device
+
+
+def uses_varlen(config) -> bool:
+    """Whether the model's attention is a flash kernel, which takes a packed row's
+    sequence boundaries from its position ids (so no dense mask may be passed). Decided
+    as transformers decides it: any implementation with "flash" in its name, including
+    the hub kernels ("kernels-community/flash-attn2") that transformers 5.19 switches to
+    when the flash-attn package is missing; a prefix test missed those and sent them a
+    dense 4-D mask."""
+    from transformers.utils.generic import is_flash_attention_requested
+    return is_flash_attention_requested(
+        requested_attention_implementation=getattr(config, "_attn_implementation", None))
 
 
 def comm_device() -> torch.device:
@@ -96,10 +108,10 @@ def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
     return [pad_batch([mine[i] for i in b], pad_id) if b else None for b in bins]
 
 
-def forward_logprobs(model, mb: dict, temperature: float) -> torch.Tensor:
+def forward_logprobs(model, mb: dict, temperature: float, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     if "position_ids" in mb:
-        return packed_token_logprobs(model, mb, temperature)
-    return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature)
+        return packed_token_logprobs(model, mb, temperature, chunk_bytes)
+    return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, chunk_bytes)
 
 
 def empty_forward(model, pad_id: int) -> torch.Tensor:

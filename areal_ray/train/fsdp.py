@@ -32,13 +32,17 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable: bool = True,
                        attn_implementation: str = "", device: torch.device | str = "cpu",
-                       master_dtype: str = ""):
+                       master_dtype: str = "", activation_checkpointing: bool = False):
     """`build(path, dtype=..., [attn_implementation=...])` makes the unsharded model
     (default: the causal LM); `trainable=False` freezes it (the KL reference model).
     `master_dtype` (e.g. float32 under a bfloat16 `dtype`) is the dtype the parameters
     and the optimizer state are kept in, while sharded forward/backward run in `dtype`:
     in bf16 alone, an AdamW update (about lr, ~1e-5) is below half the rounding step
-    of a typical weight (~6e-5 at 0.03) and would mostly be lost."""
+    of a typical weight (~6e-5 at 0.03) and would mostly be lost.
+
+    `activation_checkpointing` uses transformers' own (each decoder layer is a
+    GradientCheckpointingLayer, recomputed in the backward, non-reentrant so it composes
+    with FSDP2's hooks); it applies in train mode only, so no-grad passes are unchanged."""
     build = build or AutoModelForCausalLM.from_pretrained
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     device = torch.device(device)
@@ -46,6 +50,9 @@ def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable:
     if not trainable:
         model.requires_grad_(False)
         model.eval()
+    elif activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
     if dist.is_available() and dist.is_initialized():
         # An explicit mesh of the model's device type: FSDP's default follows whatever
         # accelerator is visible, which would not match a CPU trainer on a GPU node.

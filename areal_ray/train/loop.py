@@ -86,7 +86,8 @@ def build_models(cfg: Config, model_path: str, policy_path: str) -> Models:
     attn, master = cfg.model.attn_implementation, cfg.train.master_dtype
     dev = worker_device(cfg.train.use_gpu)
     policy = load_sharded_model(policy_path, cfg.model.dtype, attn_implementation=attn, device=dev,
-                                master_dtype=master)
+                                master_dtype=master,
+                                activation_checkpointing=cfg.train.activation_checkpointing)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay,
                             betas=(0.9, 0.95), eps=1e-8)
     m = Models(policy, opt, make_scheduler(opt, cfg.train.steps, cfg.algo.lr_warmup_steps,

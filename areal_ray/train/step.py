@@ -33,6 +33,7 @@ from areal_ray.algo.proximal import loglinear_proximal_logprobs
 from areal_ray.algo.value import value_loss
 from areal_ray.train.batching import (
     all_reduce,
+    uses_varlen,
     build_microbatches,
     empty_forward,
     forward_logprobs,
@@ -89,9 +90,10 @@ def _proximal(mb: dict, logp: torch.Tensor, cfg, minibatch: int, version: int) -
 def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> dict:
     """One batch of `algo.ppo_minibatches` optimizer steps at policy `version`."""
     algo, temp = cfg.algo, cfg.rollout.temperature
+    chunk = cfg.train.logits_chunk_mb << 20
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    varlen = str(getattr(m.policy.config, "_attn_implementation", "")).startswith("flash")
+    varlen = uses_varlen(m.policy.config)
     # Every model of the worker (policy, reference, critic) is on the policy's device.
     # The whole step's micro-batches go there at once: packed for flash-attention they
     # are a few vectors of T entries (sdpa's block mask is T x T: use flash on GPUs).
@@ -113,13 +115,13 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
     if algo.decoupled and len(minis) > 1 and algo.prox_logp == "recompute":
         t = time.perf_counter()
         _each(m.policy, flat, pad_id,
-              lambda mb: mb.__setitem__("proximal_logprobs", forward_logprobs(m.policy, mb, temp)))
+              lambda mb: mb.__setitem__("proximal_logprobs", forward_logprobs(m.policy, mb, temp, chunk)))
         timings["prox_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     if m.ref is not None:
         _each(m.ref, flat, pad_id,
-              lambda mb: mb.__setitem__("ref_logprobs", forward_logprobs(m.ref, mb, temp)))
+              lambda mb: mb.__setitem__("ref_logprobs", forward_logprobs(m.ref, mb, temp, chunk)))
     timings["ref_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -132,7 +134,7 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
             if mb is None:
                 (empty_forward(m.policy, pad_id) * world).backward()
                 continue
-            logp = forward_logprobs(m.policy, mb, temp)
+            logp = forward_logprobs(m.policy, mb, temp, chunk)
             loss, stats = decoupled_ppo_loss(
                 logp, _proximal(mb, logp, cfg, k, version), mb["behavior_logprobs"],
                 mb["advantages"], mb["loss_mask"], eps_clip=algo.eps_clip,

@@ -99,7 +99,7 @@ def test_an_abort_that_misses_a_request_is_sent_again():
     assert aborted and misses["left"] == 0
 
 
-def test_a_failed_load_stays_closed_and_an_explicit_pause_survives_updates():
+def test_a_failed_load_stays_closed_until_a_good_one_and_a_held_gate_survives_updates():
     async def scenario():
         gate = AdmissionGate(version=3)
         eng = Engine(gate)
@@ -111,12 +111,16 @@ def test_a_failed_load_stays_closed_and_an_explicit_pause_survives_updates():
             return None
         with pytest.raises(RuntimeError, match="no such checkpoint"):
             await gate.swap(5, "abort", bad, eng.abort)
-        assert gate.version == 3 and not gate.is_open  # weights may be half written
-        gate.resume()
-        await gate.pause("wait", eng.abort)
+        # weights may be half written: closed, and the reason is there for health checks
+        assert gate.version == 3 and not gate.is_open and "no such checkpoint" in gate.failed
+        # The next good load reopens it (the first version never did: a replica stayed
+        # paused for good after one failed push).
+        await gate.swap(4, "abort", good, eng.abort)
+        assert gate.is_open and gate.failed is None and (await eng.run(1))[1] == 4
+        await gate.hold("wait", eng.abort)
         await gate.swap(6, "abort", good, eng.abort)
-        assert not gate.is_open  # the caller paused, the caller resumes
-        gate.resume()
+        assert not gate.is_open  # the caller holds it, the caller releases it
+        gate.release()
         return await eng.run(1)
 
     assert asyncio.run(scenario())[1] == 6

@@ -1,5 +1,6 @@
-"""SGLangEngine on CPU: request/response shaping, and the pause/version logic against a fake
-sglang engine (sglang itself needs GPUs and is not installed here).
+"""SGLangEngine on CPU: request/response shaping, and the pause/version/weight-session logic
+against a strict fake sglang engine (sglang itself needs GPUs; tests/contract/ checks our
+calls against the real wheel).
 
 The fake outputs are shaped like sglang's (sgl-project/sglang @ 001067ff):
 python/sglang/srt/managers/tokenizer_manager.py, TokenizerManager._handle_batch_output,
@@ -129,25 +130,108 @@ def test_protocol():
     assert isinstance(SGLangEngine.__new__(SGLangEngine), InferenceEngine)
 
 
-# ----------------------------------------------------------------- against a fake sglang
+# ----------------------------------------------------------------- against a strict fake sglang
+# The fake enforces what sglang 0.5.23 enforces (tests/contract/ checks the same calls
+# against the real wheel):
+# - weight updates from tensors only inside a begin_weight_update/end_weight_update
+#   session (managers/scheduler_components/weight_updater.py), nested begins refused;
+# - TokenizerManager.abort_request(rid) sends an abort once per request and drops one
+#   for a request it has not registered; the scheduler aborts only the requests it has
+#   (an abort that overtakes a request is lost); abort_all always goes through;
+# - payloads go through torch's ForkingPickler, as sglang's MultiprocessingSerializer
+#   does: a view of a file mapping raises OSError(9) there, for real.
+from dataclasses import dataclass, field  # noqa: E402
+from multiprocessing.reduction import ForkingPickler  # noqa: E402
+
+
+@dataclass(kw_only=True)
+class UpdateWeightsFromTensorReqInput:
+    serialized_named_tensors: list
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+@dataclass(kw_only=True)
+class UpdateWeightFromDiskReqInput:
+    model_path: str
+    load_format: str | None = None
+    weight_version: str | None = None
+
+
+@dataclass(kw_only=True)
+class BeginWeightUpdateReqInput:
+    selector: str = "all"
+
+
+@dataclass(kw_only=True)
+class EndWeightUpdateReqInput:
+    pass
+
+
+IO_STRUCT = SimpleNamespace(**{c.__name__: c for c in (
+    UpdateWeightsFromTensorReqInput, UpdateWeightFromDiskReqInput, BeginWeightUpdateReqInput,
+    EndWeightUpdateReqInput)})
+SERIALIZER = SimpleNamespace(serialize=lambda obj: bytes(ForkingPickler.dumps(obj)),
+                             deserialize=lambda data: ForkingPickler.loads(data))
+
+
 class FakeTokenizerManager:
     def __init__(self, engine):
-        self.engine, self.aborted, self.updates = engine, set(), []
+        self.engine = engine
+        self.rid_to_state: dict[str, dict] = {}
+        self.at_scheduler: set[str] = set()
+        self.aborted: set[str] = set()
+        self.session = False
+        self.updates, self.aborts_sent, self.fail_loads = [], 0, 0
 
     def abort_request(self, rid="", abort_all=False):
-        self.aborted.add(rid)
+        if not abort_all and not rid:
+            return
+        if not abort_all:
+            state = self.rid_to_state.get(rid)
+            if state is None or state["abort_sent"]:
+                return
+            state["abort_sent"] = True
+        self.aborts_sent += 1
+        self.aborted.update(r for r in self.at_scheduler if abort_all or r.startswith(rid))
+
+    async def begin_weight_update(self, obj, request):
+        assert isinstance(obj, BeginWeightUpdateReqInput)
+        if self.session:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self.session = True
+        return True, "Success"
+
+    async def end_weight_update(self, obj, request):
+        assert isinstance(obj, EndWeightUpdateReqInput)
+        if not self.session:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.session = False
+        return True, "Success"
 
     async def update_weights_from_tensor(self, obj, request):
-        self.updates.append(("tensor", obj, self.engine.inside))
-        return True, "ok"
+        assert isinstance(obj, UpdateWeightsFromTensorReqInput)
+        if not self.session:
+            return False, ("update_weights_from_tensor must run between begin_weight_update() "
+                           "and end_weight_update()")
+        if self.fail_loads:
+            self.fail_loads -= 1
+            return False, "Failed to update weights: shape mismatch"
+        tensors = [dict(SERIALIZER.deserialize(p)) for p in obj.serialized_named_tensors]
+        self.updates.append(("tensor", obj, self.engine.inside, tensors))
+        return True, "Success"
 
     async def update_weights_from_disk(self, obj, request):
-        self.updates.append(("disk", obj, self.engine.inside))
+        assert isinstance(obj, UpdateWeightFromDiskReqInput)
+        self.updates.append(("disk", obj, self.engine.inside, None))
         return False, "no such checkpoint", 0
 
 
 class FakeEngine:
-    """Generates one token per 2 ms until the budget is used or its rid is aborted."""
+    """Generates one token per 2 ms until the budget is used or the scheduler aborts it;
+    a request reaches the scheduler 3 ms after the call (an abort can overtake it)."""
 
     def __init__(self, **kwargs):
         self.kwargs, self.inside, self.calls = kwargs, 0, 0
@@ -157,18 +241,24 @@ class FakeEngine:
     async def async_generate(self, input_ids, sampling_params, return_logprob, logprob_start_len,
                              rid):
         assert return_logprob and logprob_start_len == -1
+        tm = self.tokenizer_manager
         self.calls += 1
         self.inside += 1
+        tm.rid_to_state[rid] = {"abort_sent": False}
         ids, finish = [], {"type": "length", "length": sampling_params["max_new_tokens"]}
         try:
+            await asyncio.sleep(0.003)
+            tm.at_scheduler.add(rid)
             while len(ids) < sampling_params["max_new_tokens"]:
-                if rid in self.tokenizer_manager.aborted:
+                if rid in tm.aborted:
                     finish = ABORT
                     break
                 await asyncio.sleep(0.002)
                 ids.append(100 + len(ids))
         finally:
             self.inside -= 1
+            tm.at_scheduler.discard(rid)
+            del tm.rid_to_state[rid]
         return sglang_out(ids, finish, [-1.0] * len(ids), rid)
 
 
@@ -177,10 +267,8 @@ def engine(monkeypatch):
     monkeypatch.delenv("SGLANG_RETURN_ORIGINAL_LOGPROB", raising=False)
     monkeypatch.delenv("RETURN_ORIGINAL_LOGPROB", raising=False)
     monkeypatch.setattr(se, "sgl", SimpleNamespace(Engine=FakeEngine))
-    monkeypatch.setattr(se, "io_struct", SimpleNamespace(
-        UpdateWeightsFromTensorReqInput=dict, UpdateWeightFromDiskReqInput=dict))
-    monkeypatch.setattr(se, "MultiprocessingSerializer",
-                        SimpleNamespace(serialize=lambda pairs: [n for n, _ in pairs]))
+    monkeypatch.setattr(se, "io_struct", IO_STRUCT)
+    monkeypatch.setattr(se, "MultiprocessingSerializer", SERIALIZER)
     monkeypatch.setattr(se, "ABORT_RETRY_S", 0.01)
     return SGLangEngine("some/model", version=3, mem_fraction_static=0.7, tp_size=2)
 
@@ -206,7 +294,7 @@ async def _until_running(engine, n=1):
 
 
 def test_abort_update_ends_running_requests_before_the_new_weights(engine):
-    state = {"w": torch.ones(2, dtype=torch.float32)}
+    state = {"w": torch.arange(4, dtype=torch.float32)}
 
     async def scenario():
         old = asyncio.ensure_future(engine.generate(GenerationRequest([1], 10_000, rid="old")))
@@ -220,15 +308,33 @@ def test_abort_update_ends_running_requests_before_the_new_weights(engine):
     assert old.stop_reason == "abort" and 0 < len(old.output_ids) < 10_000
     assert set(old.versions) == {3}
     assert (new.versions, new.stop_reason) == ([4, 4, 4], "length")
-    kind, obj, inside = engine.engine.tokenizer_manager.updates[0]
-    assert (kind, inside) == ("tensor", 0)  # nothing ran while the weights changed
-    assert obj["serialized_named_tensors"] == [["w"], ["w"]]  # one payload per TP rank
-    assert obj["weight_version"] == "4" and obj["flush_cache"]
+    tm = engine.engine.tokenizer_manager
+    kind, obj, inside, tensors = tm.updates[0]
+    assert (kind, inside, tm.session) == ("tensor", 0, False)  # nothing ran; session closed
+    assert len(tensors) == 2  # one payload per TP rank, each deserialized on its own
+    assert all(torch.equal(t["w"], state["w"].to(torch.bfloat16)) for t in tensors)
+    assert obj.weight_version == "4" and obj.flush_cache
     assert info["version"] == 4 == engine.get_version() and info["pause_s"] >= 0
     load = engine.load()
     assert load.pop("busy_s") > 0
     assert load == {"queued": 0, "running": 0, "outstanding_tokens": 0,
                     "tokens": len(old.output_ids) + 3, "aborted_requests": 1}
+
+
+def test_an_abort_that_overtakes_the_request_is_sent_again(engine):
+    # Pause while the request is still on its way to the scheduler: the first abort is
+    # lost there, and a per-rid abort would never be sent again (abort_sent).
+    async def scenario():
+        req = asyncio.ensure_future(engine.generate(GenerationRequest([1], 100_000, rid="r")))
+        while engine.load()["running"] < 1:
+            await asyncio.sleep(0)
+        await asyncio.wait_for(engine.pause("abort"), 5.0)
+        await engine.resume()
+        return await req
+
+    res = asyncio.run(scenario())
+    assert res.stop_reason == "abort" and len(res.output_ids) < 100_000
+    assert engine.engine.tokenizer_manager.aborts_sent >= 2
 
 
 def test_wait_update_lets_running_requests_finish_and_holds_new_ones(engine):
@@ -245,14 +351,47 @@ def test_wait_update_lets_running_requests_finish_and_holds_new_ones(engine):
     running, held, _ = asyncio.run(scenario())
     assert (running.stop_reason, len(running.output_ids), set(running.versions)) == ("length", 20, {3})
     assert held.versions == [8, 8]
-    assert engine.engine.tokenizer_manager.aborted == set()
+    assert engine.engine.tokenizer_manager.aborts_sent == 0
 
 
-def test_failed_load_stays_paused_and_an_explicit_pause_survives_updates(engine):
+def test_shm_views_are_copied_before_the_serializer_sees_them(engine):
+    from areal_ray.weights import SharedMemoryWeights, manifest_of, read_shared
+    engine.torch_dtype = torch.float32  # serving in the trainer's dtype: no cast to copy them
+    sd = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    shm = SharedMemoryWeights("sglang-test")
+    try:
+        views = read_shared(shm.write(sd.values(), manifest_of(sd.items())))
+        with pytest.raises(OSError):  # what sglang's serializer does with the views as they are
+            SERIALIZER.serialize([("w", views["w"])])
+        asyncio.run(engine.update_weights(views, version=4))
+    finally:
+        shm.unlink()
+    tensors = engine.engine.tokenizer_manager.updates[0][3]
+    assert torch.equal(tensors[0]["w"], sd["w"])
+
+
+def test_a_failed_load_closes_the_session_keeps_the_gate_closed_and_the_next_push_reopens(engine):
+    tm = engine.engine.tokenizer_manager
+    tm.fail_loads = 1
+
+    async def scenario():
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            await engine.update_weights({"w": torch.ones(1)}, 4)
+        assert not tm.session  # ended even though the load failed
+        assert engine.get_version() == 3 and not engine.gate.is_open
+        assert "shape mismatch" in engine.load_failure()  # the replica's health check fails
+        await engine.update_weights({"w": torch.ones(1)}, 5)  # the next push reopens the gate
+        assert engine.gate.is_open and engine.load_failure() is None
+        return await engine.generate(GenerationRequest([1], 1))
+
+    assert asyncio.run(scenario()).versions == [5]
+
+
+def test_disk_update_needs_no_session_and_a_held_gate_survives_updates(engine):
     async def scenario():
         with pytest.raises(RuntimeError, match="no such checkpoint"):
             await engine.update_weights_from_disk("/ckpt/5", 5)
-        assert engine.get_version() == 3 and not engine.gate.is_open
+        assert engine.engine.tokenizer_manager.updates[0][1].model_path == "/ckpt/5"
         await engine.resume()
         await engine.pause("wait")
         await engine.update_weights({"w": torch.ones(1)}, 6)

@@ -1,8 +1,11 @@
 """Micro-batch construction on one rank: whole groups per rank, budgets filled."""
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
-from areal_ray.train.batching import build_microbatches, rank_share, to_device
+from areal_ray.train.batching import build_microbatches, rank_share, to_device, uses_varlen
 from tests.algo.test_packing import make_seqs
 
 
@@ -35,3 +38,12 @@ def test_to_device_moves_every_tensor_and_nothing_else():
     assert moved["note"] == "kept" and moved["ids"] is mb["ids"]
     assert mb["input_ids"].device.type == "cpu"  # the CPU micro-batch is left as it was
     assert to_device(None, torch.device("meta")) is None
+
+
+@pytest.mark.parametrize("impl, varlen", [
+    ("flash_attention_2", True), ("flash_attention_3", True),
+    # what transformers 5.19 routes flash_attention_2 to when flash-attn is not installed
+    ("kernels-community/flash-attn2", True), ("kernels-community/vllm-flash-attn3", True),
+    ("sdpa", False), ("eager", False), (None, False)])
+def test_varlen_follows_transformers_flash_detection(impl, varlen):
+    assert uses_varlen(SimpleNamespace(_attn_implementation=impl)) is varlen

@@ -81,3 +81,20 @@ def test_optimizer_state_round_trips_through_a_cpu_file(random_model_dir, one_ra
         for key, value in state.items():
             assert torch.equal(restored["state"][name][key], value), (name, key)
     assert all(isinstance(s["exp_avg"], DTensor) for s in opt2.state.values())
+
+
+def test_activation_checkpointing_keeps_gradients_and_saves_less(random_model_dir, one_rank_group):
+    from areal_ray.algo.packing import pack, packed_token_logprobs
+    from tests.algo.test_logprobs import saved_bytes
+    mb = pack(make_seqs(4, seed=3), build_mask=True)
+    grads, kept = [], []
+    for ac in (False, True):
+        model = load_sharded_model(random_model_dir, activation_checkpointing=ac)
+        lp, _, total = saved_bytes(lambda: packed_token_logprobs(model, mb))
+        (lp * mb["loss_mask"]).sum().backward()
+        grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+        kept.append(total)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6)
+    assert kept[1] < kept[0] / 2, kept

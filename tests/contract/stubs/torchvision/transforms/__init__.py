@@ -1,0 +1,1 @@
+from .functional import InterpolationMode  # noqa: F401

@@ -1,0 +1,219 @@
+"""Our SGLang calls against the real sglang 0.5.23 wheel (no GPU: its Python layer only).
+
+Run by `make test-contract` (also part of `make test`), which installs the wheel with
+--no-deps into .contract/site and puts it and a torchvision stub on PYTHONPATH. What
+is checked is what GPU_AUDIT found wrong or unchecked: the request classes and fields
+we build, the signatures we call, the sampling params sglang validates, the finish
+reasons we parse, the weight-update session rules (with sglang's own scheduler-side
+SchedulerWeightUpdaterManager deciding), and the serializer with every weight path's
+tensors, deserialized in another process as sglang's scheduler does. What cannot run
+here: the Engine itself (its scheduler needs CUDA kernels), CUDA IPC, NCCL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import inspect
+import multiprocessing as mp
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+sglang = pytest.importorskip("sglang", reason="run through `make test-contract`")
+
+from sglang.srt.entrypoints.engine import Engine  # noqa: E402
+from sglang.srt.managers import io_struct  # noqa: E402
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN  # noqa: E402
+from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager  # noqa: E402
+from sglang.srt.managers.tokenizer_manager import TokenizerManager  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.server_args import ServerArgs, record_fields  # noqa: E402
+from sglang.srt.utils import MultiprocessingSerializer  # noqa: E402
+from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads  # noqa: E402
+
+from areal_ray.rollout import sglang_engine as se  # noqa: E402
+from areal_ray.rollout.engine import GenerationRequest  # noqa: E402
+from areal_ray.weights import SharedMemoryWeights, manifest_of, put_state, read_shared, state_from  # noqa: E402
+
+
+def test_our_module_binds_the_real_package():
+    assert se.io_struct is io_struct and se.MultiprocessingSerializer is MultiprocessingSerializer
+    assert se.sgl.Engine.async_generate is Engine.async_generate
+
+
+def test_engine_kwargs_are_server_args_fields():
+    fields = {f.name for f in record_fields(ServerArgs)}
+    assert {"model_path", "dtype", "mem_fraction_static", "skip_tokenizer_init", "tp_size"} <= fields
+    params = inspect.signature(Engine.async_generate).parameters
+    assert {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid"} <= set(params)
+
+
+@pytest.mark.parametrize("method", ["update_weights_from_tensor", "update_weights_from_disk",
+                                    "begin_weight_update", "end_weight_update"])
+def test_control_calls_are_coroutines_taking_obj_and_request(method):
+    fn = getattr(TokenizerManager, method)
+    assert inspect.iscoroutinefunction(fn)
+    assert list(inspect.signature(fn).parameters)[:3] == ["self", "obj", "request"]
+
+
+def test_abort_request_signature():
+    assert list(inspect.signature(TokenizerManager.abort_request).parameters) == ["self", "rid", "abort_all"]
+
+
+@pytest.mark.parametrize("req", [GenerationRequest([1], 16, temperature=0.7),
+                                 GenerationRequest([1], 4, temperature=0.0, ignore_eos=True)])
+def test_sampling_params_are_accepted_by_sglang(req):
+    sp = SamplingParams(**se.sampling_params(req))
+    sp.verify(vocab_size=1000)
+    assert (sp.top_p, sp.min_p) == (1.0, 0.0)
+
+
+def _out(ids, finish_json):
+    return {"output_ids": ids, "meta_info": {"finish_reason": finish_json,
+                                             "output_token_logprobs": [(-0.5, t, None) for t in ids]}}
+
+
+def test_real_finish_reasons_parse():
+    assert se.parse_output(_out([5, 2], FINISH_MATCHED_TOKEN(matched=2).to_json()), 1, 9).stop_reason == "stop"
+    assert se.parse_output(_out([5, 6], FINISH_LENGTH(length=2).to_json()), 1, 9).stop_reason == "length"
+    assert se.parse_output(_out([5], FINISH_ABORT("Aborted").to_json()), 1, 9).stop_reason == "abort"
+
+
+def test_request_objects_are_the_real_classes():
+    obj = se.tensor_update_request({"w": torch.ones(2)}, 7, tp_size=2, dtype=torch.bfloat16)
+    assert isinstance(obj, io_struct.UpdateWeightsFromTensorReqInput)
+    assert obj.weight_version == "7" and obj.flush_cache and len(obj.serialized_named_tensors) == 2
+    assert normalize_serialized_named_tensor_payloads(obj.serialized_named_tensors) == obj.serialized_named_tensors
+    disk = se.disk_update_request("/ckpt/v7", 7)
+    assert isinstance(disk, io_struct.UpdateWeightFromDiskReqInput) and disk.model_path == "/ckpt/v7"
+
+
+# ----------------------------------------------------------------- weight-update sessions
+class Runner:
+    """A model runner's weight updater: records what sglang's manager hands it."""
+
+    def __init__(self):
+        self.loaded, self.calls = [], []
+
+    def begin_weight_update(self):
+        self.calls.append("begin")
+
+    def end_weight_update(self, *, run_post_load):
+        self.calls.append(("end", run_post_load))
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None):
+        self.loaded.append(dict(named_tensors))
+        return True, "Success"
+
+
+@pytest.fixture
+def manager():
+    """sglang's own scheduler-side weight updater, with stand-ins for the GPU worker."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    runner = Runner()
+    versions = []
+    m = object.__new__(SchedulerWeightUpdaterManager)  # __post_init__ needs sglang's TP state
+    tp_worker = SimpleNamespace(
+        weight_update_runners=lambda: [("target", SimpleNamespace(weight_updater=runner))],
+        # TpModelWorker.deserialize_own_rank, for TP rank 0
+        deserialize_own_rank=lambda payloads: MultiprocessingSerializer.deserialize(payloads[0]))
+    for k, v in dict(tp_worker=tp_worker, draft_worker=None, memory_saver_adapter=None,
+                     flush_cache=lambda empty_cache=False: True, is_fully_idle=lambda **kw: True,
+                     scheduler=SimpleNamespace(record_weight_version_change=lambda new_version: versions.append(new_version)),
+                     metrics_collector=None, offload_tags=set(), stashed_model_static_state=None,
+                     _session=None, tp_cpu_group=None).items():
+        setattr(m, k, v)
+    try:
+        yield m, runner, versions
+    finally:
+        dist.destroy_process_group()
+
+
+class ManagerBackedTokenizerManager:
+    """Forwards our control calls to the real manager, as the TokenizerManager's
+    communicators do, and answers (success, message) as its merge_results does."""
+
+    def __init__(self, manager):
+        self.m = manager
+
+    async def begin_weight_update(self, obj, request):
+        out = self.m.begin_weight_update(obj)
+        return out.success, out.message
+
+    async def end_weight_update(self, obj, request):
+        out = self.m.end_weight_update(obj)
+        return out.success, out.message
+
+    async def update_weights_from_tensor(self, obj, request):
+        obj.serialized_named_tensors = normalize_serialized_named_tensor_payloads(obj.serialized_named_tensors)
+        out = self.m.update_weights_from_tensor(obj)
+        return out.success, out.message
+
+    def abort_request(self, rid="", abort_all=False):
+        pass
+
+
+def test_the_real_manager_refuses_an_update_outside_a_session(manager):
+    m, runner, _ = manager
+    obj = se.tensor_update_request({"w": torch.ones(2)}, 1, tp_size=1)
+    out = m.update_weights_from_tensor(obj)
+    assert not out.success and "begin_weight_update" in out.message and runner.loaded == []
+
+
+def test_our_engine_updates_inside_a_session_the_real_manager_accepts(manager, monkeypatch):
+    m, runner, versions = manager
+    tm = ManagerBackedTokenizerManager(m)
+    monkeypatch.setattr(se, "sgl", SimpleNamespace(Engine=lambda **kw: SimpleNamespace(
+        tokenizer_manager=tm, server_args=SimpleNamespace(tp_size=1))))
+    engine = se.SGLangEngine("some/model", version=0, dtype="bfloat16")
+    state = {"a": torch.arange(4, dtype=torch.float32), "b": torch.ones(2, 3)}
+    for v in (1, 2):  # a second push opens a new session: the first one was closed
+        info = asyncio.run(engine.update_weights(state, v))
+        assert info["version"] == v
+    assert runner.calls == ["begin", ("end", False), "begin", ("end", False)]
+    assert versions == ["1", "2"] and m._session is None
+    assert all(torch.equal(loaded[k], t.to(torch.bfloat16)) for loaded in runner.loaded for k, t in state.items())
+
+
+# ----------------------------------------------------------------- serializer, every weight path
+def _child(payload, expected, q):
+    from sglang.srt.utils import MultiprocessingSerializer
+    try:
+        got = dict(MultiprocessingSerializer.deserialize(payload))
+        q.put(all(torch.equal(got[k], v) for k, v in expected.items()) and set(got) == set(expected))
+    except BaseException as e:  # noqa: BLE001
+        q.put(f"{type(e).__name__}: {e}")
+
+
+def _roundtrip_in_child(state: dict, expected: dict):
+    payload = MultiprocessingSerializer.serialize(se.named_tensors(state))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(payload, expected, q))
+    p.start()
+    res = q.get(timeout=120)
+    p.join(30)
+    return res
+
+
+def test_shm_views_fail_in_the_real_serializer_and_ours_are_copied_first():
+    sd = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(5)}
+    shm = SharedMemoryWeights("contract")
+    try:
+        views = read_shared(shm.write(sd.values(), manifest_of(sd.items())))
+        with pytest.raises(OSError):
+            MultiprocessingSerializer.serialize(list(views.items()))
+        assert _roundtrip_in_child(views, sd) is True
+    finally:
+        shm.unlink()
+
+
+def test_object_store_and_plain_tensors_roundtrip(ray_cluster):
+    sd = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+    assert _roundtrip_in_child(sd, sd) is True
+    stored = state_from(ray_cluster.get(put_state(sd)[0]))  # read-only object-store views
+    assert _roundtrip_in_child(stored, sd) is True
