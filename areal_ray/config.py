@@ -116,7 +116,7 @@ class AlgoConfig:
     reward_clip: Optional[float] = opt(None, "reward transform clip |r'| <= clip; null: none")
     overlong_tokens: int = opt(0, "DAPO overlong penalty ramp (tokens before max_new_tokens); 0: off")
     overlong_factor: float = opt(1.0, "DAPO overlong penalty at max_new_tokens")
-    max_tokens_per_mb: int = opt(8192, "token budget of one micro-batch")
+    max_tokens_per_mb: int = opt(8192, "token budget of one micro-batch; 0: the largest that fits train.gpu_memory_gib by the memory model (docs/gpu.md)")
     pack: bool = opt(True, "padding-free packed micro-batches (false: right-padded rows)")
     ppo_minibatches: int = opt(1, "optimizer steps per training batch (PPO minibatches)")
 
@@ -141,6 +141,7 @@ class TrainConfig:
     max_failures: int = opt(0, "Ray Train restarts of the trainer after a worker failure (from the last checkpoint)")
     use_gpu: bool = opt(False, "one GPU per trainer worker (Ray Train use_gpu; NCCL process group)")
     activation_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward instead of keeping them (about a third more compute, a fraction of the activation memory; see docs/gpu.md)")
+    gpu_memory_gib: float = opt(0.0, "memory of each trainer GPU: when set, the job checks algo.max_tokens_per_mb against the memory model before it starts (and picks it when 0)")
     logits_chunk_mb: int = opt(256, "fp32 logits computed at a time for the trainer's logprobs (chunks are recomputed in the backward): bounds that memory for large vocabularies")
     master_dtype: str = opt("", "dtype of the trainer's parameters and optimizer state; empty: model.dtype. float32 under model.dtype=bfloat16 keeps fp32 master weights and runs forward/backward in bf16 (FSDP2 mixed precision)")
 
@@ -231,6 +232,10 @@ def validate(cfg: Config) -> Config:
         (cfg.weights.timeout_s > 0, "weights.timeout_s must be > 0"),
         (cfg.train.max_failures >= 0, "train.max_failures must be >= 0"),
         (cfg.train.logits_chunk_mb >= 1, "train.logits_chunk_mb must be >= 1"),
+        (cfg.algo.max_tokens_per_mb > 0 or cfg.train.gpu_memory_gib > 0,
+         "algo.max_tokens_per_mb=0 (pick by the memory model) needs train.gpu_memory_gib"),
+        (cfg.algo.max_tokens_per_mb >= 0 and cfg.train.gpu_memory_gib >= 0,
+         "algo.max_tokens_per_mb and train.gpu_memory_gib must be >= 0"),
         (cfg.weights.backend != "nccl" or cfg.train.use_gpu,
          "weights.backend=nccl needs train.use_gpu=true (NCCL sends from the trainer's GPU); CPU trainers use weights.backend=gloo"),
         (cfg.weights.backend != "nccl" or cfg.rollout.num_gpus > 0,

@@ -124,6 +124,27 @@ class StepTail:
         return lineage(self.events)
 
 
+def check_memory(cfg: Config, model_path: str) -> None:
+    """With `train.gpu_memory_gib`: refuse a micro-batch budget the memory model says
+    does not fit (an OOM an hour in is worse), or pick the largest that does."""
+    if cfg.train.gpu_memory_gib <= 0:
+        return
+    from transformers import AutoConfig
+
+    from areal_ray.train.memory import DecoderShape, plan
+    p = plan(cfg, DecoderShape.from_hf(AutoConfig.from_pretrained(model_path)))
+    if not p["fits"]:
+        raise ConfigError(
+            f"algo.max_tokens_per_mb={p['max_tokens_per_mb']} does not fit "
+            f"train.gpu_memory_gib={p['gpu_gib']} with a {p['margin']:.0%} margin by the memory "
+            f"model (GiB by part: {p['gib']}); the largest that fits is "
+            f"{p['largest_max_tokens_per_mb']}, or set train.activation_checkpointing=true")
+    if cfg.algo.max_tokens_per_mb == 0:
+        cfg.algo.max_tokens_per_mb = p["largest_max_tokens_per_mb"]
+    print(f"[areal-ray] trainer memory per GPU by the model: {p['gib']['total']} GiB of "
+          f"{p['gpu_gib']} at max_tokens_per_mb={cfg.algo.max_tokens_per_mb}", flush=True)
+
+
 def prompt_count(cfg: Config) -> int:
     """Prompts the pipeline needs: one per trained group, more when the dynamic filter
     may drop some (`algo.filter_prompt_factor` per trained group)."""
@@ -135,6 +156,7 @@ def prompt_count(cfg: Config) -> int:
 def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
+    check_memory(cfg, model_path)
     prompts = train_rows(cfg.task, prompt_count(cfg))
     held_out = eval_rows(cfg.task)
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()

@@ -51,6 +51,7 @@ def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable:
         model.requires_grad_(False)
         model.eval()
     elif activation_checkpointing:
+        model.config.use_cache = False  # training forwards keep no KV cache anyway
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
     if dist.is_available() and dist.is_initialized():
