@@ -49,7 +49,7 @@ gpu-venv:  ## CUDA machines only: .venv-gpu (ENGINE=vllm for vLLM, FLASH_ATTN=1 
 	.venv-gpu/bin/pip install -q --upgrade pip
 	.venv-gpu/bin/pip install -r $(GPU_REQ)
 	$(if $(FLASH_ATTN),.venv-gpu/bin/pip install --no-build-isolation flash-attn==2.8.3.post2,)
-	.venv-gpu/bin/python -m jobs.gpu_check --quick
+	.venv-gpu/bin/python -m jobs.gpu_check layers=4 tokens=2048 out=runs/gpu_check_install.json
 
 tiny: venv  ## rebuild the embedded model in artifacts/tiny
 	$(PY) -m jobs.make_tiny out=artifacts/tiny

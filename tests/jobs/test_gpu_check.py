@@ -1,0 +1,27 @@
+"""jobs/gpu_check on CPU: every piece runs (the train step on a small random model with
+its saved bytes against the memory model, a gloo weight push with an absent receiver,
+the HF engine's generate/abort/update/logprob parity) and the report says PASS."""
+
+import json
+
+from jobs import gpu_check
+
+
+def test_gpu_check_cpu_pieces_pass(random_model_dir, embedded_model, tmp_path):
+    out = tmp_path / "gpu_check.json"
+    rc = gpu_check.main(["device=cpu", f"model_config={random_model_dir}", "tokens=256",
+                         "push_mb=8", "engine=hf", f"engine_model={embedded_model}", f"out={out}"])
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    pieces = report["pieces"]
+    assert {k: v["status"] for k, v in pieces.items()} == {
+        "train_step": "PASS", "weight_push": "PASS", "engine": "PASS"}
+    assert pieces["train_step"]["saved_bytes_per_token"] == pieces["train_step"]["model_bytes_per_token"]
+    assert pieces["weight_push"]["push"]["1"]["equal"] is True
+    assert "not ready" in pieces["weight_push"]["absent_receiver"]["0"]["message"]
+    assert pieces["engine"]["aborted"] == "abort" and pieces["engine"]["logprob_max_abs_diff"] <= 1e-3
+
+
+def test_gpu_check_refuses_unknown_pieces(capsys):
+    assert gpu_check.main(["pieces=train_step,nccl_magic"]) == 2
+    assert "pieces must be among" in capsys.readouterr().err
