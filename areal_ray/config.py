@@ -138,6 +138,7 @@ class TrainConfig:
     seed: int = opt(0, "torch seed of the trainer")
     torch_threads: int = opt(1, "torch intra-op threads per trainer worker")
     checkpoint_every: int = opt(0, "save a resume checkpoint every N steps (HF model + optimizer + data position); 0: never")
+    checkpoint_hf_model: bool = opt(True, "also write the policy in HF format into each checkpoint (model/); resuming reads the sharded state/ either way")
     max_failures: int = opt(0, "Ray Train restarts of the trainer after a worker failure (from the last checkpoint)")
     use_gpu: bool = opt(False, "one GPU per trainer worker (Ray Train use_gpu; NCCL process group)")
     activation_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward instead of keeping them (about a third more compute, a fraction of the activation memory; see docs/gpu.md)")

@@ -186,5 +186,6 @@ class GatedEngine:
         return self.gate.failed
 
     async def _swap(self, version: int, mode: str, load) -> dict:
-        """pause(mode), await `load()`, serve `version`; a failed load stays paused."""
+        """pause(mode), await `load()`, serve `version`; a failed load keeps the gate closed
+        until the next good one (`load_failure` says why)."""
         return await self.gate.swap(version, mode, load, self._abort)

@@ -2,23 +2,27 @@
 
 A checkpoint taken after step t (policy version v = t + 1) is one directory:
 
-  model/               the policy in HF format (config, safetensors, tokenizer):
-                       transformers and SGLang load it as is
-  optimizer.pt         full (unsharded) AdamW state, re-sharded on load
+  state/               the policy and its AdamW state (and the critic's, GAE runs), sharded:
+                       torch.distributed.checkpoint, every rank writes its own shards
+                       (`__<rank>_0.distcp`), rank 0 the metadata; DCP re-shards on load,
+                       so a run resumes on a different number of trainer workers
+  model/               the policy in HF format (config, safetensors, tokenizer), from the
+                       full weights rank 0 gathers for the weight push anyway: transformers,
+                       vLLM and SGLang load it as is (`train.checkpoint_hf_model`)
   scheduler.pt         the LR scheduler's state
-  critic.pt, critic_optimizer.pt   the critic and its optimizer (GAE runs only)
   trainer_state.json   version, next ticket, rejected count, consumed prompt
                        positions: what the staleness gate and the pipeline need to
                        continue exactly, with no prompt trained twice
   rng_rank{r}.pt       torch and Python RNG state of every rank
 
-Everything is saved as CPU tensors and loaded onto the CPU; loading into the models
-and optimizers then puts each state on its parameters' device (the worker's GPU with
-`train.use_gpu`), so a checkpoint moves between GPU and CPU trainers.
+The first version gathered the whole optimizer state on rank 0 (`optimizer.pt`): at
+7B that is 56 GB of fp32 moments through one process. Now nothing but the HF export
+is gathered. Tensors are loaded onto the parameters' devices by DCP, so a checkpoint
+moves between GPU and CPU trainers.
 
-Every rank calls `save_checkpoint` (gathering the optimizer state is collective) and
-reports its part with `ray.train.report`; Ray Train puts the parts in one directory
-under `<run_dir>/train/` and hands the latest back through `ray.train.get_checkpoint()`
+Every rank calls `save_checkpoint` (DCP's save is collective) and reports its part
+with `ray.train.report`; Ray Train puts the parts in one directory under
+`<run_dir>/train/` and hands the latest back through `ray.train.get_checkpoint()`
 after a worker-group restart, or to a new job that reuses the run dir (`run.resume`).
 """
 
@@ -32,15 +36,10 @@ from pathlib import Path
 import ray.train
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-from areal_ray.train.fsdp import full_state_dict
 
 STATE_FILE = "trainer_state.json"
 
@@ -49,27 +48,36 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def full_optimizer_state(model, opt) -> dict:
-    if _distributed():
-        return get_optimizer_state_dict(model, opt, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
-    state = opt.state_dict()
-    return {**state, "state": {k: {n: v.cpu() if torch.is_tensor(v) else v for n, v in per.items()}
-                               for k, per in state["state"].items()}}
-
-
 def _load(path: Path):
-    """A saved state on the CPU, whichever device wrote it; `load_state_dict`,
-    `set_*_state_dict` and `set_rng_state` take it from there."""
+    """A saved state on the CPU, whichever device wrote it."""
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load_optimizer_state(model, opt, state: dict) -> None:
-    if _distributed():
-        set_optimizer_state_dict(model, opt, optim_state_dict=state,
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
-        opt.load_state_dict(state)
+def sharded_state(models) -> dict:
+    """The models' and optimizers' state as DCP sees it: each rank's own shards (DTensors)."""
+    out = {}
+    for name, model, opt in (("policy", models.policy, models.opt),
+                             ("critic", models.critic, models.critic_opt)):
+        if model is not None:
+            msd, osd = get_state_dict(model, opt)
+            out[name] = {"model": msd, "optim": osd}
+    return out
+
+
+def save_sharded(models, path: Path) -> None:
+    """Every rank: its shards (and rank 0 the metadata) under `path`."""
+    dcp.save(sharded_state(models), storage_writer=FileSystemWriter(str(path)))
+
+
+def load_sharded(models, path: Path) -> None:
+    """Every rank: fill the models and optimizers from `path`, re-sharded to this world."""
+    state = sharded_state(models)
+    dcp.load(state, storage_reader=FileSystemReader(str(path)))
+    for name, model, opt in (("policy", models.policy, models.opt),
+                             ("critic", models.critic, models.critic_opt)):
+        if name in state:
+            set_state_dict(model, opt, model_state_dict=state[name]["model"],
+                           optim_state_dict=state[name]["optim"])
 
 
 def save_hf(weights: dict, model_src: str, out: Path) -> Path:
@@ -84,31 +92,25 @@ def save_hf(weights: dict, model_src: str, out: Path) -> Path:
     return out
 
 
-def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str) -> None:
+def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
+                    hf_model: bool = True) -> None:
     """Every rank: `weights` is the policy's full state dict (filled on rank 0 only)."""
     rank = dist.get_rank() if _distributed() else 0
-    optim = full_optimizer_state(models.policy, models.opt)
-    critic = critic_optim = None
-    if models.critic is not None:
-        critic = full_state_dict(models.critic)
-        critic_optim = full_optimizer_state(models.critic, models.critic_opt)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
+        save_sharded(models, d / "state")
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate()},
                    d / f"rng_rank{rank}.pt")
         if rank == 0:
-            save_hf(weights, model_src, d / "model")
-            torch.save(optim, d / "optimizer.pt")
+            if hf_model:
+                save_hf(weights, model_src, d / "model")
             torch.save(models.sched.state_dict(), d / "scheduler.pt")
-            if critic is not None:
-                torch.save(critic, d / "critic.pt")
-                torch.save(critic_optim, d / "critic_optimizer.pt")
             (d / STATE_FILE).write_text(json.dumps(trainer_state))
         ray.train.report({"version": trainer_state["version"]},
                          checkpoint=ray.train.Checkpoint.from_directory(str(d)))
 
 
-REQUIRED = (STATE_FILE, "model/config.json", "optimizer.pt", "scheduler.pt")
+REQUIRED = (STATE_FILE, "state/.metadata", "scheduler.pt")
 
 
 def checkpoint_dirs(root: str | Path) -> list[Path]:
@@ -139,19 +141,11 @@ def read_trainer_state(ckpt_dir: str | Path) -> dict:
 
 
 def load_checkpoint(models, ckpt_dir: str | Path) -> None:
-    """Every rank, after building the models (the policy from `ckpt_dir/model`)."""
+    """Every rank, after building the models."""
     d = Path(ckpt_dir)
     rank = dist.get_rank() if _distributed() else 0
-    load_optimizer_state(models.policy, models.opt, _load(d / "optimizer.pt"))
+    load_sharded(models, d / "state")
     models.sched.load_state_dict(_load(d / "scheduler.pt"))
-    if models.critic is not None:
-        critic = _load(d / "critic.pt")
-        if _distributed():
-            set_model_state_dict(models.critic, critic, options=StateDictOptions(full_state_dict=True))
-        else:
-            models.critic.load_state_dict(critic)
-        load_optimizer_state(models.critic, models.critic_opt,
-                             _load(d / "critic_optimizer.pt"))
     rng = d / f"rng_rank{rank}.pt"
     if rng.exists():  # a restart with more workers than the checkpoint had: fresh RNG
         state = _load(rng)

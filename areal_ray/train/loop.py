@@ -1,7 +1,7 @@
 """The Ray Train worker loop: one decoupled-PPO step per policy version.
 
 Start (every rank): build the policy on the worker's device (its GPU with
-`train.use_gpu`), from the latest checkpoint's HF model when Ray Train hands one back
+`train.use_gpu`), then from the latest checkpoint's sharded state when Ray Train hands one back
 (a restart after a failure, or a resumed run), its optimizer and LR schedule, the
 frozen reference model (kl_coef > 0) and the critic (GAE); restore their states.
 Rank 0 then gives the driver this run's starting point (version, next ticket,
@@ -112,8 +112,8 @@ def train_loop_per_worker(config: dict) -> None:
     ckpt_dir = latest_checkpoint(config["checkpoint_root"], ray.train.get_checkpoint())
     state = read_trainer_state(ckpt_dir) if ckpt_dir else \
         {"version": 0, "next_ticket": 0, "rejected": 0, "consumed": []}
-    m = build_models(cfg, config["model_path"], str(ckpt_dir / "model") if ckpt_dir else config["model_path"])
-    if ckpt_dir:
+    m = build_models(cfg, config["model_path"], config["model_path"])
+    if ckpt_dir:  # the weights and optimizer state, from the sharded state
         load_checkpoint(m, ckpt_dir)
     pad_id = m.policy.config.pad_token_id if m.policy.config.pad_token_id is not None else 0
     start = state["version"]
@@ -155,7 +155,7 @@ def train_loop_per_worker(config: dict) -> None:
         if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0:
             save_checkpoint(m, weights, {"version": step + 1, "next_ticket": assembler.cursor,
                                          "rejected": rejected, "consumed": consumed},
-                            config["model_path"])
+                            config["model_path"], cfg.train.checkpoint_hf_model)
         if dist.is_initialized():
             dist.barrier()
     if rank == 0:  # the driver keeps the final weights (late replicas, the final model)

@@ -70,8 +70,8 @@ def test_killed_trainer_restarts_from_checkpoint(ray_cluster, embedded_model, tm
     assert summary["steps"] == steps and summary["max_staleness"] <= 1
     latest = latest_checkpoint(run_dir / "train")
     assert json.loads((latest / "trainer_state.json").read_text())["version"] == steps
-    for name in ("model/config.json", "model/model.safetensors", "optimizer.pt", "scheduler.pt",
-                 "rng_rank0.pt"):
+    for name in ("model/config.json", "model/model.safetensors", "state/.metadata",
+                 "state/__0_0.distcp", "scheduler.pt", "rng_rank0.pt"):
         assert (latest / name).exists(), name
 
 
@@ -81,7 +81,7 @@ def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path
     with pytest.raises(ConfigError, match="run.resume=true"):
         run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0"))
 
-    # two FSDP workers now: the full optimizer state is re-sharded across them
+    # two FSDP workers now: DCP re-shards the one worker's model and optimizer state
     second = run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0",
                                  "run.resume=true", "train.num_workers=2"))
     recs = check_lineage(run_dir, 4, eta=0)

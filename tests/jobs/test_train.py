@@ -38,7 +38,9 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
     assert [s["step"] for s in steps] == list(range(STEPS))
     if workers == 2:
         ckpt = latest_checkpoint(tmp_path / "run" / "train")
-        assert {"rng_rank0.pt", "rng_rank1.pt", "optimizer.pt"} <= {p.name for p in ckpt.iterdir()}
+        assert {"rng_rank0.pt", "rng_rank1.pt", "state"} <= {p.name for p in ckpt.iterdir()}
+        # each rank wrote its own shards; nothing was gathered on rank 0 but the HF export
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (ckpt / "state").iterdir()}
         assert AutoModelForCausalLM.from_pretrained(ckpt / "model") is not None  # HF loads it
     assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
     for s in steps:

@@ -379,7 +379,12 @@ def test_a_failed_load_closes_the_session_keeps_the_gate_closed_and_the_next_pus
             await engine.update_weights({"w": torch.ones(1)}, 4)
         assert not tm.session  # ended even though the load failed
         assert engine.get_version() == 3 and not engine.gate.is_open
-        assert "shape mismatch" in engine.load_failure()  # the replica's health check fails
+        assert "shape mismatch" in engine.load_failure()
+        # the replica's health check fails, so Serve replaces it
+        from deployments.rollout import RolloutServer
+        replica = SimpleNamespace(_watcher=None, engine=engine)
+        with pytest.raises(RuntimeError, match="replica stopped serving.*shape mismatch"):
+            await RolloutServer.func_or_class.check_health(replica)
         await engine.update_weights({"w": torch.ones(1)}, 5)  # the next push reopens the gate
         assert engine.gate.is_open and engine.load_failure() is None
         return await engine.generate(GenerationRequest([1], 1))

@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM
 
 from areal_ray.config import load_config
 from areal_ray.train.batching import all_reduce, comm_device
-from areal_ray.train.checkpoint import _load, full_optimizer_state, load_optimizer_state
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model, model_device
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
@@ -64,23 +63,30 @@ def test_train_step_on_a_sharded_mixed_precision_model(random_model_dir, one_ran
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_optimizer_state_round_trips_through_a_cpu_file(random_model_dir, one_rank_group, tmp_path):
+def test_sharded_checkpoint_round_trips_model_and_optimizer(random_model_dir, one_rank_group, tmp_path):
+    from types import SimpleNamespace
+
+    from areal_ray.train.checkpoint import load_sharded, save_sharded
+
     def build():
         model = load_sharded_model(random_model_dir)
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+        return SimpleNamespace(policy=model, opt=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                               critic=None, critic_opt=None)
 
-    model, opt = build()
-    model(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
-    opt.step()
-    saved = full_optimizer_state(model, opt)
-    torch.save(saved, tmp_path / "optimizer.pt")
-    model2, opt2 = build()
-    load_optimizer_state(model2, opt2, _load(tmp_path / "optimizer.pt"))
-    restored = full_optimizer_state(model2, opt2)
-    for name, state in saved["state"].items():
-        for key, value in state.items():
-            assert torch.equal(restored["state"][name][key], value), (name, key)
-    assert all(isinstance(s["exp_avg"], DTensor) for s in opt2.state.values())
+    a = build()
+    a.policy(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    a.opt.step()
+    save_sharded(a, tmp_path / "state")
+    assert {p.name for p in (tmp_path / "state").iterdir()} == {".metadata", "__0_0.distcp"}
+    b = build()
+    load_sharded(b, tmp_path / "state")
+    assert all(torch.equal(x, y) for x, y in zip(full_state_dict(a.policy).values(),
+                                                 full_state_dict(b.policy).values()))
+    for (pa, sa), (pb, sb) in zip(a.opt.state.items(), b.opt.state.items()):
+        assert isinstance(sb["exp_avg"], DTensor)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(torch.as_tensor(sa[key].full_tensor() if hasattr(sa[key], "full_tensor") else sa[key]),
+                               torch.as_tensor(sb[key].full_tensor() if hasattr(sb[key], "full_tensor") else sb[key])), key
 
 
 def test_activation_checkpointing_keeps_gradients_and_saves_less(random_model_dir, one_rank_group):
