@@ -52,11 +52,21 @@ def embedded_model() -> str:
     return resolve_model("artifacts/tiny")
 
 
-def _free_port() -> int:
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: the sockets stay bound until all are chosen (binding and
+    closing one at a time let the OS hand out the same port twice, and `ray start`
+    refused two components on one port)."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +81,8 @@ def head_cluster(tmp_path_factory):
     import urllib.error
     import urllib.request
 
-    ports = {k: _free_port() for k in ("gcs", "dashboard", "metrics", "client", "agent",
-                                       "agent_grpc", "runtime_env")}
+    ports = dict(zip(("gcs", "dashboard", "metrics", "client", "agent", "agent_grpc",
+                      "runtime_env"), _free_ports(7)))
     bindir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
                RAY_metrics_report_interval_ms="2000", TOKENIZERS_PARALLELISM="false",
