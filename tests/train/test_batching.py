@@ -5,7 +5,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from areal_ray.train.batching import build_microbatches, rank_share, to_device, uses_varlen
+from areal_ray.train.batching import (
+    DENSE_ROW_TOKENS,
+    build_microbatches,
+    rank_share,
+    to_device,
+    uses_varlen,
+)
 from tests.algo.test_packing import make_seqs
 
 
@@ -47,3 +53,15 @@ def test_to_device_moves_every_tensor_and_nothing_else():
     ("sdpa", False), ("eager", False), (None, False)])
 def test_varlen_follows_transformers_flash_detection(impl, varlen):
     assert uses_varlen(SimpleNamespace(_attn_implementation=impl)) is varlen
+
+
+@pytest.mark.parametrize("varlen, longest", [(False, DENSE_ROW_TOKENS), (True, 8192)])
+def test_dense_mask_rows_stop_at_the_row_cap_varlen_rows_fill_the_budget(varlen, longest):
+    seqs = [dict(s, ticket=0) for s in make_seqs(120, seed=5)]
+    total = sum(len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)
+    assert total > DENSE_ROW_TOKENS
+    mbs = build_microbatches(seqs, max_tokens=8192, packed=True, pad_id=0, varlen=varlen)
+    rows = [mb["input_ids"].shape[1] for mb in mbs]
+    assert max(rows) <= longest and sum(rows) == total
+    assert (len(mbs) == 1) is varlen  # without varlen: several rows of at most the cap
+    assert ("attention_mask" in mbs[0]) is not varlen
