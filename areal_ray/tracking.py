@@ -37,7 +37,8 @@ def use_experiment(cfg: Config) -> str:
     if mlflow.get_experiment_by_name(cfg.run.mlflow_experiment) is None:
         artifacts = None
         if uri.startswith("sqlite:"):
-            artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+            # sqlite:///rel.db is relative to the working dir; a file URI must be absolute
+            artifacts = (Path(uri[len("sqlite:///"):]).absolute().parent / "artifacts").as_uri()
         mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
     mlflow.set_experiment(cfg.run.mlflow_experiment)
     return uri

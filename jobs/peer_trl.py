@@ -11,9 +11,10 @@ batch ("dapo", as ours), group-normalised advantages, the full sampling distribu
 at temperature 1, fp32 on the CPU. TRL is synchronous and on-policy (one PPO update
 per generation), like our `algo.eta=0`.
 
-Writes `result.json`: seconds of training, per-step rows (end time since the start,
-reward, completion length) and the models saved every `save_every` steps (with their
-time since the start), which the bench evaluates afterwards with our own evaluator.
+Writes `result.json`: seconds of training (`trainer.train()`), per-step rows (end time
+since the start of training and wall clock, reward, completion length) and the models
+saved every `save_every` steps (with those times), which the bench evaluates
+afterwards with our own evaluator. Saving is not counted as training.
 """
 
 from __future__ import annotations
@@ -67,14 +68,16 @@ def run(c: PeerTRLConfig) -> dict:
 
     class Record(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            steps.append({"step": state.global_step - 1, "t": time.perf_counter() - t_start[0]})
+            steps.append({"step": state.global_step - 1, "t": time.perf_counter() - t_start[0],
+                          "t_wall": time.time()})
             if c.save_every and state.global_step % c.save_every == 0 and state.global_step < c.steps:
                 t0 = time.perf_counter()
                 d = out / f"model-step{state.global_step}"
                 trainer.model.save_pretrained(d)
                 tok.save_pretrained(d)
                 t_start[0] += time.perf_counter() - t0  # saving for the bench is not training
-                saved.append({"step": state.global_step, "t": steps[-1]["t"], "path": str(d)})
+                saved.append({"step": state.global_step, "t": steps[-1]["t"],
+                              "t_wall": steps[-1]["t_wall"], "path": str(d)})
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs and steps:
@@ -102,7 +105,7 @@ def run(c: PeerTRLConfig) -> dict:
     trainer.model.config.use_cache = True
     trainer.model.save_pretrained(final)
     tok.save_pretrained(final)
-    saved.append({"step": c.steps, "t": train_s, "path": str(final)})
+    saved.append({"step": c.steps, "t": train_s, "t_wall": steps[-1]["t_wall"], "path": str(final)})
     result = {"system": "trl", "seed": c.seed, "train_s": train_s, "n_samples": c.steps * B * G,
               "steps": steps, "models": saved}
     (out / "result.json").write_text(json.dumps(result, indent=1))
