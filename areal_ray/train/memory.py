@@ -158,12 +158,11 @@ def plan(cfg, shape: DecoderShape, gpu_gib: float | None = None, margin: float =
     (default `train.gpu_memory_gib`): the model's bytes by part at `algo.max_tokens_per_mb`,
     the largest budget that leaves `margin` of the GPU free, and whether the config fits."""
     gpu_gib = gpu_gib or cfg.train.gpu_memory_gib
-    kwargs = dict(shape=shape, world=cfg.train.num_workers,
+    kwargs = dict(s=shape, world=cfg.train.num_workers,
                   compute_bytes=DTYPE_BYTES[cfg.model.dtype],
                   master_bytes=DTYPE_BYTES[cfg.train.master_dtype or cfg.model.dtype],
                   checkpointing=cfg.train.activation_checkpointing,
                   chunk_bytes=cfg.train.logits_chunk_mb << 20, reference=cfg.algo.kl_coef > 0)
-    kwargs["s"] = kwargs.pop("shape")
     budget = int(gpu_gib * GIB * (1 - margin))
     best = max_tokens(budget, **kwargs)
     tokens = cfg.algo.max_tokens_per_mb or best
@@ -172,7 +171,7 @@ def plan(cfg, shape: DecoderShape, gpu_gib: float | None = None, margin: float =
             "fits": mem.total <= budget, "largest_max_tokens_per_mb": best,
             "free_gib": round((gpu_gib * GIB - mem.total) / GIB, 2),
             "activation_bytes_per_token": activation_bytes_per_token(
-                kwargs["s"], kwargs["compute_bytes"], kwargs["checkpointing"]),
+                shape, kwargs["compute_bytes"], kwargs["checkpointing"]),
             "gib": mem.table()}
 
 

@@ -140,7 +140,7 @@ def test_protocol():
 #   (an abort that overtakes a request is lost); abort_all always goes through;
 # - payloads go through torch's ForkingPickler, as sglang's MultiprocessingSerializer
 #   does: a view of a file mapping raises OSError(9) there, for real.
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from multiprocessing.reduction import ForkingPickler  # noqa: E402
 
 
