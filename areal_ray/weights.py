@@ -198,10 +198,11 @@ class WeightGroup:
                 pass
 
     def _failed(self, e: Exception, what: str) -> RuntimeError:
+        """Abort the group; the error as the RuntimeError the pusher falls back on
+        (torch's DistBackendError and DistStoreError already are)."""
         self.abort()
-        if isinstance(e, RuntimeError) and what in str(e):
-            return e
-        return RuntimeError(f"weight group epoch {self.epoch} {what} failed: {e}")
+        return e if isinstance(e, RuntimeError) else RuntimeError(
+            f"weight group epoch {self.epoch} {what} failed: {e}")
 
     def send(self, tensors: Iterator[torch.Tensor], specs: list[TensorSpec],
              bucket_bytes: int) -> dict:

@@ -77,7 +77,7 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
     from transformers import AutoConfig
 
     from areal_ray.config import load_config
-    from areal_ray.train.fsdp import load_sharded_model
+    from areal_ray.train.fsdp import enable_activation_checkpointing, load_sharded_model
     from areal_ray.train.memory import DecoderShape, activation_bytes_per_token, random_decoder, trainer_memory
     from areal_ray.train.schedule import make_scheduler
     from areal_ray.train.step import Models, train_step
@@ -127,8 +127,7 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
             # On a plain copy: FSDP's gathered weights would count as saved activations.
             plain = random_decoder(hf, torch.bfloat16, dev, attn)
             if c.activation_checkpointing:
-                plain.config.use_cache = False
-                plain.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_activation_checkpointing(plain)
             plain.train()
             mb = pack(seqs, build_mask=True)
             # one row per logits chunk: the logits are recomputed, and modelled apart

@@ -53,14 +53,19 @@ def _load(path: Path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def _trained(models) -> list[tuple[str, object, object]]:
+    """(name, model, optimizer) of every model with an optimizer: policy, critic (GAE)."""
+    return [(name, model, opt) for name, model, opt in
+            (("policy", models.policy, models.opt), ("critic", models.critic, models.critic_opt))
+            if model is not None]
+
+
 def sharded_state(models) -> dict:
     """The models' and optimizers' state as DCP sees it: each rank's own shards (DTensors)."""
     out = {}
-    for name, model, opt in (("policy", models.policy, models.opt),
-                             ("critic", models.critic, models.critic_opt)):
-        if model is not None:
-            msd, osd = get_state_dict(model, opt)
-            out[name] = {"model": msd, "optim": osd}
+    for name, model, opt in _trained(models):
+        msd, osd = get_state_dict(model, opt)
+        out[name] = {"model": msd, "optim": osd}
     return out
 
 
@@ -73,11 +78,9 @@ def load_sharded(models, path: Path) -> None:
     """Every rank: fill the models and optimizers from `path`, re-sharded to this world."""
     state = sharded_state(models)
     dcp.load(state, storage_reader=FileSystemReader(str(path)))
-    for name, model, opt in (("policy", models.policy, models.opt),
-                             ("critic", models.critic, models.critic_opt)):
-        if name in state:
-            set_state_dict(model, opt, model_state_dict=state[name]["model"],
-                           optim_state_dict=state[name]["optim"])
+    for name, model, opt in _trained(models):
+        set_state_dict(model, opt, model_state_dict=state[name]["model"],
+                       optim_state_dict=state[name]["optim"])
 
 
 def save_hf(weights: dict, model_src: str, out: Path) -> Path:

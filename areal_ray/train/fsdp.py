@@ -51,9 +51,7 @@ def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable:
         model.requires_grad_(False)
         model.eval()
     elif activation_checkpointing:
-        model.config.use_cache = False  # training forwards keep no KV cache anyway
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
+        enable_activation_checkpointing(model)
     if dist.is_available() and dist.is_initialized():
         # An explicit mesh of the model's device type: FSDP's default follows whatever
         # accelerator is visible, which would not match a CPU trainer on a GPU node.
@@ -64,6 +62,13 @@ def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def enable_activation_checkpointing(model) -> None:
+    """transformers' own, non-reentrant; it acts in train mode only."""
+    model.config.use_cache = False  # training forwards keep no KV cache anyway
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
 
 
 def model_device(model) -> torch.device:

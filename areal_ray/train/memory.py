@@ -191,10 +191,10 @@ def random_decoder(config, dtype: torch.dtype = torch.bfloat16, device="cpu",
     return model
 
 
-def saved_activation_bytes(fn, model) -> tuple[object, int]:
-    """(fn(), bytes of the tensors autograd saves for its backward), each storage counted
-    once and `model`'s parameters left out: what `activation_bytes_per_token` models."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+def saved_storages(fn, model=None) -> tuple[object, list[int]]:
+    """(fn(), the byte sizes of the storages autograd saves for its backward), each
+    storage once, `model`'s parameters (if given) left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()} if model is not None else set()
     seen: dict[int, int] = {}
 
     def pack(t):
@@ -203,4 +203,11 @@ def saved_activation_bytes(fn, model) -> tuple[object, int]:
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
-    return out, sum(v for k, v in seen.items() if k not in params)
+    return out, [v for k, v in seen.items() if k not in params]
+
+
+def saved_activation_bytes(fn, model) -> tuple[object, int]:
+    """(fn(), bytes autograd saves for its backward, `model`'s parameters left out):
+    what `activation_bytes_per_token` models."""
+    out, sizes = saved_storages(fn, model)
+    return out, sum(sizes)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from areal_ray.algo.logprobs import chunked_logprobs, logprob_head, token_logprobs
+from areal_ray.train.memory import saved_storages
 
 
 def dense(h, w, b, t, temp):
@@ -14,16 +15,9 @@ def dense(h, w, b, t, temp):
 
 
 def saved_bytes(fn):
-    """Bytes of every tensor autograd keeps for the backward of fn() (each storage once)."""
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, max(seen.values()), sum(seen.values())
+    """(fn(), largest, total) bytes of the storages autograd keeps for the backward."""
+    out, sizes = saved_storages(fn)
+    return out, max(sizes), sum(sizes)
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 3, 7, 100])

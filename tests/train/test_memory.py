@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from areal_ray.algo.logprobs import token_logprobs
 from areal_ray.config import load_config
+from areal_ray.train.fsdp import enable_activation_checkpointing
 from areal_ray.train.memory import (
     GIB,
     DecoderShape,
@@ -45,8 +46,7 @@ def test_bytes_per_token_match_saved_tensors_on_qwen2_5_1_5b(qwen_config):
     measured = {}
     for ac in (False, True):
         if ac:
-            model.config.use_cache = False
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         # chunks of 4 rows: the logits are recomputed, not kept (modelled apart)
         _, nbytes = saved_activation_bytes(
             lambda: token_logprobs(model, ids, torch.ones_like(ids), 1.0, 4 * 4 * shape.vocab), model)
