@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from areal_ray.algo.advantages import ADV_NORMS, ESTIMATORS
-from areal_ray.algo.kl import KL_ESTIMATORS
-from areal_ray.weights import PATHS
+from areal_ray.choices import ADV_ESTIMATORS as ESTIMATORS, ADV_NORMS, KL_ESTIMATORS, WEIGHT_PATHS as PATHS
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 BACKENDS = ("hf", "vllm", "sglang")
@@ -78,6 +77,7 @@ class RolloutConfig:
 class RewardConfig:
     min_actors: int = opt(1, "reward actor pool: fewest actors (Ray Data autoscaling)")
     max_actors: int = opt(2, "reward actor pool: most actors")
+    scale_down: bool = opt(False, "let Ray Data retire idle reward actors mid-run (off: bursty load makes it churn)")
     num_cpus: float = opt(0.25, "CPUs reserved per reward actor")
     timeout_s: float = opt(5.0, "wall-clock bound of one math check; past it the reward is 0")
     code_timeout_s: float = opt(30.0, "wall-clock bound of one code check (all its tests)")
@@ -261,17 +261,33 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, sch
     try:
         merged = OmegaConf.structured(schema)
         if path:
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            try:
+                loaded = OmegaConf.load(path)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e)}") from e
+            merged = OmegaConf.merge(merged, loaded)
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form key=value")
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+            try:
+                parsed = OmegaConf.from_dotlist([item])
+            except yaml.YAMLError as e:
+                raise ConfigError(f"override {item!r}: the value is not valid YAML: "
+                                  f"{_yaml_problem(e, where=False)}") from e
+            merged = OmegaConf.merge(merged, parsed)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad config ({path or 'defaults'}): {e}") from e
     except FileNotFoundError as e:
         raise ConfigError(f"config file not found: {path}") from e
     return validate(cfg) if schema is Config else cfg
+
+
+def _yaml_problem(e: Exception, where: bool = True) -> str:
+    """PyYAML's message in one line: what it expected, and (in a file) where."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark and where else problem
 
 
 def to_dict(cfg: Config) -> dict:

@@ -52,6 +52,17 @@ MONITOR_PERIOD_S = 2.0
 MAX_LOAD_REPORTS = 20_000  # per replica: 11 hours at one report per 2 s
 
 
+async def _alive(handle) -> bool:
+    """False only for an actor that is gone: a busy one answers late, and counts as alive."""
+    try:
+        await asyncio.wait_for(handle.__ray_ready__.remote(), 1.0)
+    except TimeoutError:
+        pass
+    except ray.exceptions.RayActorError:
+        return False
+    return True
+
+
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Driver:
     def __init__(self, eta: int, batch_groups: int, max_concurrent: int = 0,
@@ -76,6 +87,8 @@ class Driver:
         self._reward_actors: dict[str, object] = {}  # actor id -> handle (pool-size metric)
         self._monitor: asyncio.Task | None = None
         self._loads: dict[str, list[dict]] = {}  # replica -> its engine load reports
+        self._replica_handles: dict[str, object] = {}  # replica -> actor handle (liveness)
+        self._stop_requested = False  # the job was interrupted (Ctrl-C): stop at a step's end
 
     def _c(self) -> asyncio.Condition:
         if self._cond is None:
@@ -162,22 +175,27 @@ class Driver:
         return self.gate.state.version
 
     # ------------------------------------------------------------ weight sync
-    async def register_replica(self, replica_id: str,
-                               node_id: str = "") -> tuple[int, int, list | None]:
+    async def register_replica(self, replica_id: str, node_id: str = "",
+                               handle=None) -> tuple[int, int, list | None]:
         """A new replica gets the latest publication. A collective one is a broadcast
         already under way without it: it must not hold up that push's acks, and it
-        loads the next publication (every step pushes one; `close()` makes a last one)."""
+        loads the next publication (every step pushes one; `close()` makes a last one).
+        With its actor `handle` the monitor notices when the replica dies, so no push
+        waits `push_timeout_s` for a replica that is gone."""
         async with self._c():
             serial, _, payload = self._latest
             joining_late = isinstance(payload, dict) and payload.get("kind") == "collective"
             self._replicas[replica_id] = serial if joining_late else -1
             self._nodes[replica_id] = node_id
+            if handle is not None:
+                self._replica_handles[replica_id] = handle
             self._start_monitor()
             return self._latest
 
     async def unregister_replica(self, replica_id: str) -> None:
         async with self._c():
             self._replicas.pop(replica_id, None)
+            self._replica_handles.pop(replica_id, None)
             self._c().notify_all()
 
     async def wait_for_weights(self, replica_id: str, have: int,
@@ -287,9 +305,15 @@ class Driver:
         return {self._nodes.get(r, "") for r in self._replicas}
 
     # ------------------------------------------------------------ step records
-    def record_step(self, record: dict) -> None:
+    def record_step(self, record: dict) -> bool:
+        """Keeps the step record; returns whether the trainer should stop after this step."""
         self._events.append(record)
         self.metrics.step(record)
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """The job was interrupted: the trainer checkpoints and stops after its step."""
+        self._stop_requested = True
 
     # ------------------------------------------------------------ monitoring
     def report_load(self, replica_id: str, report: dict) -> None:
@@ -317,13 +341,11 @@ class Driver:
 
     async def _watch_pools(self) -> None:
         while True:
+            for replica_id in [r for r, h in list(self._replica_handles.items()) if not await _alive(h)]:
+                await self.unregister_replica(replica_id)  # a pending push stops waiting for it
             self.metrics.replicas(len(self._replicas))
             for actor_id, handle in list(self._reward_actors.items()):
-                try:  # a busy actor answers late: only a dead one is dropped
-                    await asyncio.wait_for(handle.__ray_ready__.remote(), 1.0)
-                except TimeoutError:
-                    pass
-                except ray.exceptions.RayActorError:
+                if not await _alive(handle):
                     self._reward_actors.pop(actor_id, None)
             self.metrics.reward_actors(len(self._reward_actors))
             await asyncio.sleep(MONITOR_PERIOD_S)

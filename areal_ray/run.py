@@ -31,9 +31,11 @@ from areal_ray.driver import Driver
 from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
 from areal_ray.event_loop import off_event_loop
+from areal_ray.interrupt import RunInterrupted, StopOnInterrupt, in_worker_thread
 from areal_ray.tracking import RunTracker, lineage, read_events
-from areal_ray.train.checkpoint import checkpoint_dirs, save_hf
-from areal_ray.train.loop import train_loop_per_worker
+from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_trainer_state, save_hf
+from areal_ray.train.driver_watch import DriverWatch
+from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.utilization import length_stats, rollout_idle, steady_state
 from areal_ray.weights import state_from
 from deployments.rollout import DEPLOYMENT_NAME, build_app
@@ -100,7 +102,11 @@ class StepTail:
         self._thread.start()
 
     def _pull(self) -> None:
-        for ev in ray.get(self.driver.steps.remote(self._seen)):
+        try:
+            events = ray.get(self.driver.steps.remote(self._seen))
+        except ray.exceptions.RayActorError:
+            return  # the driver is gone: the job reports it (driver_lost)
+        for ev in events:
             self._seen += 1
             if ev.get("event") == "restore":
                 if self.start_version is None:
@@ -188,7 +194,7 @@ def run_training(cfg: Config) -> dict:
             print(f"[areal-ray] eval before: accuracy {before['accuracy']:.3f} (n={before['n']})", flush=True)
 
         DataContext.get_current().enable_progress_bars = False  # one line per step instead
-        pipeline = PipelineFactory(prompts, cfg, model_path, driver_name, namespace, app_name,
+        pipeline = PipelineFactory(prompts, cfg, driver_name, namespace, app_name,
                                    DEPLOYMENT_NAME)
         trainer = TorchTrainer(
             train_loop_per_worker,
@@ -203,15 +209,29 @@ def run_training(cfg: Config) -> dict:
             # finds the checkpoints, and Ray Train hands the latest to the workers.
             run_config=RunConfig(name=TRAIN_DIR, storage_path=str(run_dir),
                                  failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+                                 callbacks=[DriverWatch(driver_name, namespace)],
                                  worker_runtime_env=trainer_runtime_env(cfg)))
         prior = lineage(read_events(tracker.steps_path)) if resume else []
         tail = StepTail(driver, tracker, prior=prior)
         t_train = time.time()
+        stopper = StopOnInterrupt(lambda: driver.request_stop.remote(),
+                                  notice=lambda msg: print(msg, flush=True))
         try:
-            trainer.fit()
+            with stopper:
+                in_worker_thread(trainer.fit)
+        except Exception as e:
+            if not driver_alive(driver):
+                raise RuntimeError(driver_lost(driver_name, cfg, run_dir)) from e
+            raise
         finally:
             steps = tail.stop()
         train_s = time.time() - t_train
+        if stopper.requested:
+            last = steps[-1]["version"] if steps else 0
+            where = (f"checkpoint at version {last} in {run_dir / TRAIN_DIR}; continue with "
+                     f"run.run_dir={run_dir} run.resume=true") if cfg.train.checkpoint_every \
+                else "no checkpoint (train.checkpoint_every=0)"
+            raise RunInterrupted(f"stopped after version {last}: {where}")
 
         after = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens) \
             if cfg.run.eval_after else None
@@ -238,6 +258,29 @@ def run_training(cfg: Config) -> dict:
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)
+
+
+def driver_alive(driver) -> bool:
+    try:
+        ray.get(driver.__ray_ready__.remote(), timeout=10)
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        pass
+    return True
+
+
+def driver_lost(driver_name: str, cfg: Config, run_dir: Path) -> str:
+    """What to tell the user when the driver actor died: where the run can resume."""
+    last = latest_checkpoint(run_dir / TRAIN_DIR)
+    if last is None:
+        where = ("no checkpoint to resume from (train.checkpoint_every=0)" if not cfg.train.checkpoint_every
+                 else "no checkpoint had been written yet")
+    else:
+        where = (f"continue from its last checkpoint (version {read_trainer_state(last)['version']}) "
+                 f"with run.run_dir={run_dir} run.resume=true")
+    return (f"the driver actor {driver_name} died; a run cannot go on without it (it holds the "
+            f"staleness gate and the weight publications): {where}")
 
 
 def save_final_model(driver, model_path: str, out: Path) -> Path:

@@ -46,13 +46,13 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-PATHS = ("auto", "collective", "shm", "object_store", "disk")
+from areal_ray.choices import WEIGHT_PATHS as PATHS  # noqa: F401 - re-exported
+from areal_ray.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 
 # The environment of every process at either end of an NCCL weight push, set before its
 # first NCCL communicator (NCCL reads these once per process). sglang sets
@@ -63,44 +63,10 @@ PATHS = ("auto", "collective", "shm", "object_store", "disk")
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # the transfer dtype, e.g. "float32"
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * _dtype(self.dtype).itemsize
-
-
 def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:
     """Specs in send order; `dtype` converts for the receiver (empty: keep)."""
     return [TensorSpec(k, tuple(v.shape), dtype or str(v.dtype).removeprefix("torch."))
             for k, v in state]
-
-
-def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
-    """Consecutive specs grouped into buckets of at most `bucket_bytes` (a tensor larger
-    than that gets a bucket of its own); all tensors of a bucket share one dtype."""
-    buckets: list[list[int]] = []
-    size, dtype = 0, None
-    for i, s in enumerate(specs):
-        nbytes = s.nbytes
-        if buckets and size + nbytes <= bucket_bytes and s.dtype == dtype:
-            buckets[-1].append(i)
-            size += nbytes
-        else:
-            buckets.append([i])
-            size, dtype = nbytes, s.dtype
-    return buckets
 
 
 def _dtype(name: str) -> torch.dtype:

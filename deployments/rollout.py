@@ -29,6 +29,7 @@ import ray
 import torch
 from ray import serve
 from ray.serve.config import RequestRouterConfig
+from transformers import AutoTokenizer
 
 from areal_ray.metrics import ReplicaMetrics
 from areal_ray.rollout.backends import build_engine
@@ -79,6 +80,9 @@ class RolloutServer:
                                    threads=opts.torch_threads, engine_kwargs=opts.engine_kwargs)
         if hasattr(self.engine, "warmup"):
             await self.engine.warmup()
+        # The app owns the tokenizer, as inference servers do: clients (the rollout
+        # stage) then need no transformers of their own (seconds and ~350 MB a process).
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.update_mode = "abort" if opts.interrupt else "wait"
         self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -91,8 +95,9 @@ class RolloutServer:
         self.metrics = ReplicaMetrics(opts.run_name, self.replica_id)
         self._sampler = asyncio.get_running_loop().create_task(self._sample_metrics())
         if self.driver is not None:
+            ctx = ray.get_runtime_context()
             got = await self.driver.register_replica.remote(
-                self.replica_id, ray.get_runtime_context().get_node_id())
+                self.replica_id, ctx.get_node_id(), ctx.current_actor)
             while not self.receiver.joins(got[2]):  # a broadcast already under way
                 self.serial = got[0]
                 got = await self.driver.wait_for_weights.remote(self.replica_id, got[0], 30.0) or got
@@ -162,6 +167,27 @@ class RolloutServer:
         res = await self.engine.generate(GenerationRequest(
             list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos))
         return res.to_dict()
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt's token ids, as generation sees them (no special tokens added)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode_batch(self, ids: list[list[int]]) -> list[str]:
+        """Texts of finished outputs, special tokens skipped (what rewards read)."""
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
+                             temperature: float = 1.0, ignore_eos: bool = False) -> list[dict]:
+        """Several requests in one call (e.g. the unfinished samples of one prompt group),
+        for clients to whom each Serve call is costly: one call routes, and is counted
+        against `max_ongoing_requests`, once. Ends when every request has ended."""
+        if len(input_ids) != len(max_new_tokens):
+            raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
+                             f"{len(max_new_tokens)} max_new_tokens")
+        results = await asyncio.gather(*[
+            self.engine.generate(GenerationRequest(list(ids), int(n), temperature, ignore_eos=ignore_eos))
+            for ids, n in zip(input_ids, max_new_tokens)])
+        return [r.to_dict() for r in results]
 
     def stats(self) -> dict:
         return {"replica_id": self.replica_id, "version": self.engine.get_version(),

@@ -131,7 +131,10 @@ def run_ours(c: BenchPeersConfig, seed: int, root: Path) -> dict:
                            f"train.seed={seed}", f"train.steps={c.steps}",
                            f"train.checkpoint_every={c.save_every}", f"run.run_dir={run_dir}",
                            f"run.name=peers-ours-{seed}",
-                           f"run.mlflow_tracking_uri=sqlite:///{root / 'mlflow.db'}", *c.ours],
+                           f"run.mlflow_tracking_uri=sqlite:///{root / 'mlflow.db'}",
+                           # graded afterwards by the bench, as TRL's models are: no
+                           # in-run evaluation, which TRL's run does not do either
+                           "run.eval_before=false", "run.eval_after=false", *c.ours],
                           env, root / f"ours-seed{seed}.log")
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]

@@ -59,4 +59,7 @@ def run_job(argv: list[str] | None, prog: str, description: str, fn) -> int:
     except (ConfigError, DatasetError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: one line and the shell's status for SIGINT
+        print(f"interrupted: {e or 'stopped at once'}", file=sys.stderr)
+        return 130
     return 0

@@ -19,6 +19,8 @@ def test_yaml_and_overrides(tmp_path):
     (["algo.eta=-1"], "algo.eta"),
     (["nonsense"], "key=value"),
     (["rollout.min_replicas=3", "rollout.max_replicas=2"], "min_replicas"),
+    (["algo.eta=[1,"], r"override 'algo.eta=\[1,': the value is not valid YAML"),
+    (["algo.eta={"], "algo.eta={"),
 ])
 def test_bad_input_is_a_clear_error(overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -83,3 +85,23 @@ def test_benchmark_config_loads():
     from jobs.bench_async import BenchAsyncConfig, check
     c = check(load_config(str(REPO / "conf" / "bench_async.yaml"), schema=BenchAsyncConfig))
     assert 0 in c.etas and c.base.train.steps >= 1
+
+
+def test_a_yaml_syntax_error_in_a_file_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("algo:\n  eta: 2\n  lr: [1,\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML: .*\(line 4, column 1\)"):
+        load_config(str(bad))
+
+
+@pytest.mark.parametrize("args", [["algo.eta=[1,"], ["--config", "{path}"]])
+def test_yaml_errors_exit_2_with_one_line(tmp_path, args):
+    import subprocess
+    import sys
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("algo: [\n")
+    argv = [a.replace("{path}", str(bad)) for a in args]
+    res = subprocess.run([sys.executable, "-m", "jobs.train", *argv], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1

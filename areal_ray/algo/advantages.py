@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-ADV_NORMS = ("none", "batch")
+from areal_ray.choices import ADV_ESTIMATORS as ESTIMATORS, ADV_NORMS  # noqa: F401 - re-exported
 
 
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-5,

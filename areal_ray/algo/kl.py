@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from areal_ray.choices import KL_ESTIMATORS
 KL_CLAMP = 10.0
 
 

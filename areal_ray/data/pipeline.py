@@ -17,31 +17,56 @@ trainer resumes from are skipped.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import numpy as np
 import ray
 from ray import serve
 from ray.data import ActorPoolStrategy
-from transformers import AutoTokenizer
+from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
 from areal_ray.reward.pool import RewardStage
 from areal_ray.rollout.workflow import generate_group
 from areal_ray.types import Group
 
+logger = logging.getLogger(__name__)
+# A replica's death is retried this often (backing off up to 10 s, ~1 min in all: Serve
+# starts a replacement in seconds); a rollout app that stays gone fails the run.
+REPLICA_RETRIES = 8
 EMPTY = {"ticket": np.array([], dtype=np.int64), "group": np.array([], dtype=object)}
 
 
 class RolloutStage:
-    def __init__(self, model_path: str, driver_name: str, namespace: str, app_name: str,
+    def __init__(self, driver_name: str, namespace: str, app_name: str,
                  deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
                  generation: int = 0):
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # Token ids in and out: the rollout app encodes the prompt and decodes the
+        # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
+        # which unpickle this module) never imports transformers or torch.
         self.driver = ray.get_actor(driver_name, namespace=namespace)
         self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
         self.n, self.max_new_tokens, self.temperature = group_size, max_new_tokens, temperature
         self.generation = generation
 
-    async def _generate(self, input_ids: list[int], max_new_tokens: int, temperature: float) -> dict:
-        return await self.handle.generate.remote(input_ids, max_new_tokens, temperature)
+    async def _call(self, method: str, *args):
+        """A call to the rollout app that outlives its replica: when the replica dies
+        under it (Serve replaces it), the same call goes again, to a live one. For a
+        generation round the samples keep every token of their earlier rounds and
+        redo only this round's, like samples interrupted by a weight push."""
+        for attempt in range(REPLICA_RETRIES + 1):
+            try:
+                return await getattr(self.handle, method).remote(*args)
+            except ray.exceptions.RayActorError as e:
+                if attempt == REPLICA_RETRIES:
+                    raise
+                logger.warning("rollout replica lost during %s (%s); retrying on a live one",
+                               method, type(e).__name__)
+                await asyncio.sleep(min(0.5 * 2 ** attempt, 10.0))
+
+    async def _generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
+                              temperature: float) -> list[dict]:
+        return await self._call("generate_batch", input_ids, max_new_tokens, temperature)
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict:
         tickets, groups = [], []
@@ -53,11 +78,12 @@ class RolloutStage:
             ticket, version = admitted
             try:
                 prompt = str(batch["prompt"][i])
-                ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-                samples = await generate_group(self._generate, ids, self.n,
+                ids = await self._call("encode", prompt)
+                samples = await generate_group(self._generate_batch, ids, self.n,
                                                self.max_new_tokens, self.temperature)
-                for s in samples:
-                    s.text = self.tokenizer.decode(s.output_ids, skip_special_tokens=True)
+                texts = await self._call("decode_batch", [s.output_ids for s in samples])
+                for s, text in zip(samples, texts):
+                    s.text = text
             finally:
                 await self.driver.finish.remote(self.generation)
             g = Group(ticket=ticket, uid=str(batch["uid"][i]), prompt=prompt,
@@ -71,7 +97,7 @@ class RolloutStage:
         return {"ticket": np.array(tickets, dtype=np.int64), "group": np.array(groups, dtype=object)}
 
 
-def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, namespace: str,
+def build_pipeline(rows: list[dict], cfg, driver_name: str, namespace: str,
                    app_name: str, deployment_name: str, generation: int = 0) -> ray.data.Dataset:
     keep = ("uid", "prompt", "answer", "verifier")
     ds = ray.data.from_items([{"pos": i, **{k: str(r[k]) for k in keep}} for i, r in enumerate(rows)],
@@ -80,7 +106,7 @@ def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, nam
     ds = ds.map_batches(
         RolloutStage, batch_size=None, num_cpus=0,
         fn_constructor_kwargs=dict(
-            model_path=model_path, driver_name=driver_name, namespace=namespace,
+            driver_name=driver_name, namespace=namespace,
             app_name=app_name, deployment_name=deployment_name,
             group_size=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature, generation=generation),
@@ -97,18 +123,29 @@ def build_pipeline(rows: list[dict], cfg, model_path: str, driver_name: str, nam
     return ds
 
 
+def configure_data_context(ctx: ray.data.DataContext, cfg) -> None:
+    """One line per step instead of Ray Data's progress bars; and the reward pool's
+    scale-down. Rewards come in bursts, one step's groups at a time, so by utilization
+    the pool shrinks between bursts and grows again at the next: each retire and
+    restart costs an actor and its checker process, seconds of CPU on a small machine
+    (6 restarts in a 40-step quickstart). Unless `reward.scale_down`, Ray Data only
+    grows the pool, up to reward.max_actors."""
+    ctx.enable_progress_bars = False
+    ctx.autoscaling_config.actor_pool_util_downscaling_threshold = (
+        DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD if cfg.reward.scale_down else -1.0)
+
+
 class PipelineFactory:
     """What Ray Train gets as the "train" dataset: builds a fresh pipeline (in a new
     driver generation) each time the trainer's worker group starts."""
 
-    def __init__(self, rows: list[dict], cfg, model_path: str, driver_name: str,
+    def __init__(self, rows: list[dict], cfg, driver_name: str,
                  namespace: str, app_name: str, deployment_name: str):
-        self.args = (rows, cfg, model_path, driver_name, namespace, app_name, deployment_name)
+        self.args = (rows, cfg, driver_name, namespace, app_name, deployment_name)
 
     def __call__(self) -> ray.data.Dataset:
-        # Called in Ray Train's controller: a dataset takes this process's context, and
-        # the job prints one line per step instead of Ray Data's progress bars.
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        driver = ray.get_actor(self.args[3], namespace=self.args[4])
+        # Called in Ray Train's controller: a dataset takes this process's context.
+        configure_data_context(ray.data.DataContext.get_current(), self.args[1])
+        driver = ray.get_actor(self.args[2], namespace=self.args[3])
         generation = ray.get(driver.begin_generation.remote())
         return build_pipeline(*self.args, generation=generation)

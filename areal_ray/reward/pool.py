@@ -119,6 +119,11 @@ class RewardStage:
                  code_opts: dict | None = None, check_fn=check, driver_name: str = "",
                  namespace: str = ""):
         self.checker = TimedChecker(timeout_s, fn=check_fn)
+        if check_fn is check:
+            # Start the checker process and its math-verify import now, while the run
+            # starts up: paid at the first real check it would delay the first step by
+            # seconds, and on a busy machine could eat that check's deadline.
+            self.checker("math", "0", "0", timeout_s=max(60.0, timeout_s))
         self.code_timeout_s = code_timeout_s
         self.code_opts = code_opts or {}
         if driver_name:  # counted in the reward-pool size metric while it lives

@@ -50,7 +50,7 @@ class RunResult:
     returncode: int | None
     stdout: str
     stderr: str
-    reason: str  # "ok", "exit N", "timeout", "output limit", "killed by SIGKILL", ...
+    reason: str  # "ok", "exit N", "timeout", "timeout (CPU time limit)", "output limit", "killed by SIGSEGV", ...
 
 
 def bwrap() -> str | None:
@@ -163,15 +163,26 @@ def _run(argv: list[str], stdin: str, limits: Limits, cwd: str, drop: bool) -> R
             reason = reason or "output limit"
         code = proc.returncode
         if reason is None:
-            # bwrap, as PID 1 of the sandbox, reports a child killed by signal N as 128+N.
-            sig = -code if code < 0 else (code - 128 if code > 128 else 0)
-            if sig == signal.SIGXCPU:
-                reason = "timeout (CPU time limit)"
-            else:
-                reason = "ok" if code == 0 else (f"killed by {signal.Signals(sig).name}"
-                                                  if sig else f"exit {code}")
+            reason = exit_reason(code)
         return RunResult(code, stdout[: limits.max_output_bytes].decode(errors="replace"),
                          err.read(64 << 10).decode(errors="replace"), reason)
+
+
+def exit_reason(code: int) -> str:
+    """Why a sandboxed program ended by itself or by a kernel limit (the wall and output
+    limits are ours, named where we enforce them). The CPU limit ends a program with
+    SIGXCPU, or with SIGKILL one CPU-second later (the hard limit) when SIGXCPU did not
+    end it, e.g. when the program ignores it. This process, starved on a busy machine,
+    can miss the wall limit until then: so a SIGKILL we did not send is a timeout too.
+    No other limit sends one (RLIMIT_AS fails allocations, RLIMIT_FSIZE sends SIGXFSZ);
+    a program that SIGKILLs itself also reads as a timeout, which scores the same 0.
+    bwrap, as PID 1 of the sandbox, reports a child killed by signal N as 128+N."""
+    sig = -code if code < 0 else (code - 128 if code > 128 else 0)
+    if sig in (signal.SIGXCPU, signal.SIGKILL):
+        return "timeout (CPU time limit)"
+    if code == 0:
+        return "ok"
+    return f"killed by {signal.Signals(sig).name}" if sig else f"exit {code}"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

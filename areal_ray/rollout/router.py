@@ -29,12 +29,17 @@ from ray.serve.request_router import (
 
 
 def request_cost(pending: PendingRequest) -> int:
-    """The decode budget of a `generate(input_ids, max_new_tokens, ...)` call; 0 otherwise."""
-    if pending.metadata.call_method != "generate":
+    """The decode budget of a `generate(input_ids, max_new_tokens, ...)` call, or the
+    summed budgets of a `generate_batch(input_ids, max_new_tokens: list, ...)`; 0 otherwise."""
+    if pending.metadata.call_method not in ("generate", "generate_batch"):
         return 0
     if "max_new_tokens" in pending.kwargs:
-        return int(pending.kwargs["max_new_tokens"])
-    return int(pending.args[1]) if len(pending.args) > 1 else 0
+        budget = pending.kwargs["max_new_tokens"]
+    elif len(pending.args) > 1:
+        budget = pending.args[1]
+    else:
+        return 0
+    return sum(int(b) for b in budget) if isinstance(budget, (list, tuple)) else int(budget)
 
 
 class LeastOutstandingTokensRouter(RequestRouter):

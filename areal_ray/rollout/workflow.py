@@ -16,31 +16,66 @@ from areal_ray.types import Sample
 
 # (input_ids, max_new_tokens, temperature) -> engine result as a dict
 GenerateFn = Callable[[list[int], int, float], Awaitable[dict]]
+# (input_ids per request, max_new_tokens per request, temperature) -> one result each
+GenerateBatchFn = Callable[[list[list[int]], list[int], float], Awaitable[list[dict]]]
 
 MAX_RESUBMITS = 1000  # a guard against a service that aborts forever
 
 
+class PartialSample:
+    """One sample across its calls: what was generated so far and whether to resubmit."""
+
+    def __init__(self, prompt_ids: list[int], max_new_tokens: int):
+        self.prompt_ids, self.max_new_tokens = list(prompt_ids), max_new_tokens
+        self.out_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.reason, self.resubmits = "abort", -1
+
+    @property
+    def open(self) -> bool:
+        return (self.reason == "abort" and len(self.out_ids) < self.max_new_tokens
+                and self.resubmits < MAX_RESUBMITS)
+
+    def next_call(self) -> tuple[list[int], int]:
+        """The next request: prompt + everything generated so far, the remaining budget."""
+        self.resubmits += 1
+        return self.prompt_ids + self.out_ids, self.max_new_tokens - len(self.out_ids)
+
+    def add(self, res: dict) -> None:
+        self.out_ids += res["output_ids"]
+        self.logprobs += res["logprobs"]
+        self.versions += res["versions"]
+        self.reason = res["stop_reason"]
+
+    def sample(self) -> Sample:
+        return Sample(prompt_ids=list(self.prompt_ids), output_ids=self.out_ids,
+                      logprobs=self.logprobs, versions=self.versions,
+                      stop_reason="length" if self.reason == "abort" else self.reason,
+                      n_resubmits=self.resubmits)
+
+
 async def generate_interruptible(generate: GenerateFn, prompt_ids: list[int],
                                  max_new_tokens: int, temperature: float) -> Sample:
-    out_ids: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    reason, resubmits = "abort", -1
-    while reason == "abort" and len(out_ids) < max_new_tokens and resubmits < MAX_RESUBMITS:
-        resubmits += 1
-        res = await generate(prompt_ids + out_ids, max_new_tokens - len(out_ids), temperature)
-        out_ids += res["output_ids"]
-        logprobs += res["logprobs"]
-        versions += res["versions"]
-        reason = res["stop_reason"]
-    if reason == "abort":
-        reason = "length"
-    return Sample(prompt_ids=list(prompt_ids), output_ids=out_ids, logprobs=logprobs,
-                  versions=versions, stop_reason=reason, n_resubmits=resubmits)
+    part = PartialSample(prompt_ids, max_new_tokens)
+    while part.open:
+        part.add(await generate(*part.next_call(), temperature))
+    return part.sample()
 
 
-async def generate_group(generate: GenerateFn, prompt_ids: list[int], n: int,
+async def generate_group(generate_batch: GenerateBatchFn, prompt_ids: list[int], n: int,
                          max_new_tokens: int, temperature: float) -> list[Sample]:
-    return list(await asyncio.gather(*[
-        generate_interruptible(generate, prompt_ids, max_new_tokens, temperature)
-        for _ in range(n)]))
+    """n samples of one prompt, in rounds: each round is one call carrying every open
+    sample (a Serve call costs the caller milliseconds of CPU, so one per group instead
+    of one per sample). A round ends when all its requests have; a weight push aborts
+    every running request of a replica at once, so the aborted ones come back together
+    and are resubmitted together."""
+    parts = [PartialSample(prompt_ids, max_new_tokens) for _ in range(n)]
+    while pending := [p for p in parts if p.open]:
+        calls = [p.next_call() for p in pending]
+        results = await generate_batch([c[0] for c in calls], [c[1] for c in calls], temperature)
+        if len(results) != len(pending):
+            raise RuntimeError(f"generate_batch returned {len(results)} results for {len(pending)} requests")
+        for p, res in zip(pending, results):
+            p.add(res)
+    return [p.sample() for p in parts]

@@ -108,6 +108,9 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.train.seed)
     rank = ray.train.get_context().get_world_rank()
     driver = ray.get_actor(config["driver_name"], namespace=config["namespace"])
+    # Start the data path first: Ray Data's coordinator and stage actors start while the
+    # model builds. No group is admitted before `restore` below, so nothing runs early.
+    feeder = ShardFeeder(ray.train.get_dataset_shard("train"))
 
     ckpt_dir = latest_checkpoint(config["checkpoint_root"], ray.train.get_checkpoint())
     state = read_trainer_state(ckpt_dir) if ckpt_dir else \
@@ -130,7 +133,7 @@ def train_loop_per_worker(config: dict) -> None:
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
     assembler = StepAssembler(
-        ShardFeeder(ray.train.get_dataset_shard("train")), cfg.algo.batch_groups,
+        feeder, cfg.algo.batch_groups,
         distributed=dist.is_initialized(),
         accept=informative if cfg.algo.dynamic_filter else None, next_ticket=state["next_ticket"],
         on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
@@ -147,17 +150,28 @@ def train_loop_per_worker(config: dict) -> None:
             raise RuntimeError(f"step {step}: every sample is empty")
         stats = train_step(m, seqs, cfg, pad_id, version=step)
         weights, push = pusher.push(m.policy, step + 1)
+        stop = False
         if rank == 0:
             now = time.perf_counter()
             stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push)
-            ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats)))
+            stop = ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats)))
             t_prev = now
-        if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0:
+        if dist.is_initialized():  # every rank stops at the same step
+            flag = [stop]
+            dist.broadcast_object_list(flag, src=0)
+            stop = flag[0]
+        every = cfg.train.checkpoint_every
+        if every and ((step + 1) % every == 0 or stop):
             save_checkpoint(m, weights, {"version": step + 1, "next_ticket": assembler.cursor,
                                          "rejected": rejected, "consumed": consumed},
                             config["model_path"], cfg.train.checkpoint_hf_model)
         if dist.is_initialized():
             dist.barrier()
+        if stop:
+            if rank == 0:
+                print(f"[areal-ray] trainer stopped after version {step + 1}"
+                      f"{' (checkpointed)' if every else ''}", flush=True)
+            break
     if rank == 0:  # the driver keeps the final weights (late replicas, the final model)
         trained = start < cfg.train.steps
         final = put_state(weights) if trained and cfg.weights.path != "object_store" else None

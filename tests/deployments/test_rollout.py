@@ -71,14 +71,15 @@ def test_hundreds_of_concurrent_requests_all_complete(deploy):
 
 
 def test_short_requests_are_routed_away_from_a_long_one(deploy):
-    """With a long generation on one replica, the other has fewer outstanding tokens:
+    """With long generations on one replica, the other has fewer outstanding tokens:
     every short request goes there (Serve's default compares request counts of two
     random replicas, which sends some of them to the busy one)."""
     handle, _ = deploy(["rollout.min_replicas=2", "rollout.max_replicas=2",
                         "rollout.router=least_tokens"])
     replica_stats(handle, 2)  # both up
 
-    long = handle.generate.remote([5, 6], 100_000, 1.0, True)
+    # a batch call (what the rollout stage sends per group) counts its summed budget
+    long = handle.generate_batch.remote([[5, 6], [5, 7]], [50_000, 50_000], 1.0, True)
     t0 = time.time()
     while not any(s["running"] for s in replica_stats(handle, 2).values()):
         assert time.time() - t0 < 60, "the long request never started"

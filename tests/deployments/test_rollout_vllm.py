@@ -136,8 +136,9 @@ def test_a_push_during_generation_interrupts_it_and_samples_resume_at_the_new_ve
     handle = app["handle"]
     v0 = app["version"]
 
-    async def generate(ids, budget, temperature):
-        return await handle.generate.remote(ids, budget, temperature, True)
+    async def generate(ids_list, budgets, temperature):  # per request: spread over both replicas
+        return await asyncio.gather(*[handle.generate.remote(ids, budget, temperature, True)
+                                      for ids, budget in zip(ids_list, budgets)])
 
     async def scenario():
         # 2 x 192 rows of 240 tokens: a few seconds of generation, longer than a push

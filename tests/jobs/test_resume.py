@@ -13,6 +13,7 @@ import pytest
 from ray._private import state
 
 from areal_ray.config import ConfigError, load_config
+from areal_ray.interrupt import RunInterrupted
 from areal_ray.run import run_training
 from areal_ray.tracking import lineage, read_events
 from areal_ray.train.checkpoint import latest_checkpoint
@@ -96,3 +97,47 @@ def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path
 def test_resume_without_a_checkpoint_is_a_clear_error(embedded_model, tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         run_training(config(embedded_model, tmp_path / "none", tmp_path / "db", "run.resume=true"))
+
+
+def interrupt_when(run_dir, version: int, sent: list) -> None:
+    """Ctrl-C as a terminal sends it: SIGINT to the job's process (this one; Ray's own
+    processes block SIGINT)."""
+    path = run_dir / "steps.jsonl"
+    while not sent:
+        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
+            os.kill(os.getpid(), signal.SIGINT)
+            sent.append(version)
+            return
+        time.sleep(0.1)
+
+
+def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_resume_continues(ray_cluster, embedded_model,
+                                                                       tmp_path):
+    run_dir, db, steps = tmp_path / "run", tmp_path / "mlflow.db", 40
+    sent: list = []
+    threading.Thread(target=interrupt_when, args=(run_dir, 2, sent), daemon=True).start()
+    # checkpoints every 40 steps: the one the interrupted run leaves is Ctrl-C's own
+    with pytest.raises(RunInterrupted, match=r"stopped after version (\d+): checkpoint at version"):
+        run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", "algo.eta=1",
+                            f"train.checkpoint_every={steps}"))
+    assert sent
+    stopped = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
+    recorded = lineage(read_events(run_dir / "steps.jsonl"))
+    assert 2 <= stopped["version"] < steps and recorded[-1]["version"] == stopped["version"]
+
+    total = stopped["version"] + 2
+    resumed = run_training(config(embedded_model, run_dir, db, f"train.steps={total}", "algo.eta=1",
+                                  f"train.checkpoint_every={steps}", "run.resume=true"))
+    assert resumed["resumed_at_step"] == stopped["version"]
+    check_lineage(run_dir, total, eta=1)
+
+
+def test_the_job_exits_130_with_one_line_on_ctrl_c(capsys):
+    from jobs.cli import run_job
+
+    def interrupted(cfg):
+        raise RunInterrupted("stopped after version 3: checkpoint at version 3 in x")
+
+    assert run_job([], "prog", "desc", interrupted) == 130
+    err = capsys.readouterr().err
+    assert err == "interrupted: stopped after version 3: checkpoint at version 3 in x\n"

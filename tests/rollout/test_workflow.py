@@ -8,7 +8,7 @@ import torch
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.hf_engine import HFEngine
-from areal_ray.rollout.workflow import generate_interruptible
+from areal_ray.rollout.workflow import generate_group, generate_interruptible
 
 
 def test_interrupted_generation_finishes_with_full_budget(random_model_dir):
@@ -43,3 +43,33 @@ def test_interrupted_generation_finishes_with_full_budget(random_model_dir):
     beh = b["behavior_logprobs"][b["loss_mask"]]
     assert torch.allclose(tf[k:], beh[k:], atol=1e-4)
     assert not torch.allclose(tf[:k], beh[:k], atol=1e-4)  # old tokens came from other weights
+
+
+def test_a_group_resubmits_its_aborted_samples_in_one_round(random_model_dir):
+    torch.manual_seed(0)
+    engine = HFEngine(random_model_dir)
+    new_state = {k: v * 1.05 for k, v in engine.model.state_dict().items()}
+    budget, prompt, n = 120, [5, 6, 7, 8], 4
+    rounds = []
+
+    async def generate_batch(ids_list, budgets, temperature):
+        rounds.append(list(budgets))
+        results = await asyncio.gather(*[engine.generate(GenerationRequest(ids, b, temperature, ignore_eos=True))
+                                         for ids, b in zip(ids_list, budgets)])
+        return [r.to_dict() for r in results]
+
+    async def scenario():
+        task = asyncio.ensure_future(generate_group(generate_batch, prompt, n, budget, 1.0))
+        while engine.load()["running"] == 0:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        await engine.update_weights(new_state, version=1)
+        return await task
+
+    samples = asyncio.run(scenario())
+    assert len(rounds) >= 2 and rounds[0] == [budget] * n
+    assert len(rounds[1]) == n and all(0 < b < budget for b in rounds[1])  # all were running: all resumed
+    for s in samples:
+        assert len(s.output_ids) == budget and s.n_resubmits >= 1 and s.prompt_ids == prompt
+        k = s.versions.index(1)
+        assert s.versions == [0] * k + [1] * (budget - k)

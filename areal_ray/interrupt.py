@@ -1,0 +1,68 @@
+"""Ctrl-C during training: stop at the end of the step, with a checkpoint.
+
+The first SIGINT asks the driver to stop the trainer after its current step (it then
+saves a checkpoint when `train.checkpoint_every` is on, so `run.resume=true` continues
+from exactly there); the job then exits with status 130 and one line. A second Ctrl-C
+stops at once (Python's KeyboardInterrupt), as Ray's own processes ignore SIGINT and
+are cleaned up when the job exits.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run stopped because it was asked to; the message says where it stopped."""
+
+
+class StopOnInterrupt:
+    """Context manager around `trainer.fit()`: the first SIGINT calls `request_stop()`
+    and restores the previous handler. Outside the main thread (a notebook runs the job
+    in a worker thread) signals cannot be handled there, and it does nothing."""
+
+    def __init__(self, request_stop, notice=print):
+        self.request_stop, self.notice = request_stop, notice
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous)
+        self.notice("[areal-ray] interrupted: stopping after this step "
+                    "(Ctrl-C again to stop at once)")
+        self.request_stop()
+
+    def __enter__(self) -> "StopOnInterrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None and not self.requested:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def in_worker_thread(fn: Callable[[], T]) -> T:
+    """`fn()` in a worker thread while this one waits in short joins, so this thread's
+    signal handlers run. For `trainer.fit()`: in the main thread it installs Ray
+    Train's own SIGINT handler, which aborts the run at once, without a checkpoint."""
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            out["error"] = e
+
+    worker = threading.Thread(target=target, name="fit", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")

@@ -1,0 +1,78 @@
+"""Faults a cluster does to a run, injected into the real job: the run goes on."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from ray._private import state
+
+from areal_ray.run import run_training
+from areal_ray.tracking import lineage, read_events
+from areal_ray.train.checkpoint import latest_checkpoint
+from tests.jobs.test_resume import B, GROUP, check_lineage, config
+
+
+def kill_the_rollout_replica_when(run_dir, version: int, killed: list) -> None:
+    path = run_dir / "steps.jsonl"
+    while not killed:
+        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
+            for a in state.actors().values():
+                if a["ActorClassName"].startswith("ServeReplica:") and a["State"] == "ALIVE":
+                    os.kill(a["Pid"], signal.SIGKILL)
+                    killed.append(a["Pid"])
+                    return
+        time.sleep(0.1)
+
+
+def test_a_killed_rollout_replica_is_invisible_to_the_run(ray_cluster, embedded_model, tmp_path):
+    """The default config (one replica, no trainer restarts): groups in flight on the
+    dead replica are retried on its replacement, the driver drops the dead replica at
+    once instead of waiting a push timeout for it, and every version trains once."""
+    run_dir, steps, eta = tmp_path / "run", 8, 1
+    cfg = config(embedded_model, run_dir, tmp_path / "mlflow.db", f"train.steps={steps}",
+                 f"algo.eta={eta}", "train.checkpoint_every=0", "train.max_failures=0",
+                 "run.push_timeout_s=600", "run.eval_after=false")
+    killed: list = []
+    threading.Thread(target=kill_the_rollout_replica_when, args=(run_dir, 2, killed), daemon=True).start()
+    summary = run_training(cfg)
+    assert killed, "the run finished before the replica could be killed"
+    recs = check_lineage(run_dir, steps, eta)  # versions, tickets and prompts exactly once
+    assert not [e for e in read_events(run_dir / "steps.jsonl") if e.get("event") == "restore"]
+    # no push waited for the dead replica (its timeout is 600 s here)
+    assert max(r["push_total_s"] for r in recs) < 60, [r["push_total_s"] for r in recs]
+    assert all(r["n_samples"] == B * GROUP for r in recs) and summary["steps"] == steps
+
+
+def kill_the_driver_when(run_dir, version: int, killed: list) -> None:
+    path = run_dir / "steps.jsonl"
+    while not killed:
+        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
+            for a in state.actors().values():
+                if a["ActorClassName"] == "Driver" and a["State"] == "ALIVE":
+                    os.kill(a["Pid"], signal.SIGKILL)
+                    killed.append(a["Pid"])
+                    return
+        time.sleep(0.1)
+
+
+def test_a_killed_driver_fails_fast_and_the_run_resumes_exactly(ray_cluster, embedded_model, tmp_path):
+    run_dir, db, steps, eta = tmp_path / "run", tmp_path / "mlflow.db", 40, 1
+    killed: list = []
+    threading.Thread(target=kill_the_driver_when, args=(run_dir, 3, killed), daemon=True).start()
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="driver actor .* died.* run.resume=true"):
+        run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", f"algo.eta={eta}",
+                            "train.checkpoint_every=2", "train.max_failures=2"))
+    assert killed and time.time() - t0 < 300
+    done = [r["version"] for r in lineage(read_events(run_dir / "steps.jsonl"))]
+    ckpt = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
+    assert ckpt["version"] >= 2 and ckpt["version"] % 2 == 0
+
+    total = ckpt["version"] + 2
+    resumed = run_training(config(embedded_model, run_dir, db, f"train.steps={total}", f"algo.eta={eta}",
+                                  "train.checkpoint_every=2", "run.resume=true"))
+    assert resumed["resumed_at_step"] == ckpt["version"] and done
+    check_lineage(run_dir, total, eta)  # the steps after the checkpoint were trained again, once

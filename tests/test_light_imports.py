@@ -1,0 +1,59 @@
+"""Processes that only relay our objects must not import torch or transformers.
+
+Ray Train's controller unpickles the config and the train function, Ray Data's
+coordinator and dataset manager the pipeline, the driver actor every weight payload.
+Each of those paying for torch cost the quickstart ~1 GiB and seconds of start-up
+(jobs/bench_peers.py), so the boundary is tested: in a fresh interpreter, unpickle
+what they receive and look at sys.modules.
+"""
+
+import subprocess
+import sys
+
+import cloudpickle
+import torch
+
+from areal_ray.config import Config
+from areal_ray.data.pipeline import PipelineFactory
+from areal_ray.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
+from areal_ray.train.entry import train_loop_per_worker
+
+
+def _unpickled_modules(obj) -> set[str]:
+    blob = cloudpickle.dumps(obj)
+    code = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+            "print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True)
+    return set(out.stdout.decode().split())
+
+
+def test_relayed_objects_unpickle_without_torch():
+    payload = {"kind": "shm", "path": "/dev/shm/x", "size": 8,
+               "specs": [TensorSpec("w", (2,), "float32")], "offsets": [0]}
+    factory = PipelineFactory([{"uid": "0", "prompt": "1+1=", "answer": "2", "verifier": "math"}],
+                              Config(), "d", "ns", "app", "Rollout")
+    assert _unpickled_modules([Config(), train_loop_per_worker, factory, payload]) == set()
+
+
+def test_the_check_sees_torch_when_it_is_there():
+    assert _unpickled_modules(torch.zeros(1)) == {"torch"}
+
+
+def test_itemsizes_are_torch_itemsizes():
+    for name, size in ITEMSIZE.items():
+        assert getattr(torch, name).itemsize == size, name
+
+
+def test_unknown_dtype_is_named():
+    try:
+        TensorSpec("w", (2,), "complex64").nbytes
+    except ValueError as e:
+        assert "complex64" in str(e) and "'w'" in str(e)
+    else:
+        raise AssertionError("no error")
+
+
+def test_buckets_split_on_size_and_dtype():
+    specs = [TensorSpec("a", (4,), "float32"), TensorSpec("b", (4,), "float32"),
+             TensorSpec("c", (4,), "bfloat16"), TensorSpec("d", (100,), "bfloat16")]
+    assert plan_buckets(specs, 32) == [[0, 1], [2], [3]]
