@@ -34,6 +34,7 @@ def evaluate(handle, tokenizer, rows: list[dict], max_new_tokens: int,
                         for _ in range(samples)])
     counts, lengths, versions = [], [], set()
     checker = TimedChecker(timeout_s)
+    checker.warm()
     try:
         for r, resps in zip(rows, pending):
             correct = 0

@@ -5,7 +5,7 @@ driver hands to replicas:
 
 * `collective` (default on a cluster): a standalone process group (gloo on CPU, NCCL on
   GPU) of trainer rank 0 (rank 0) and the rollout replicas, separate from Ray Train's
-  own group (`ray.util.collective` cannot run inside a Train worker, STACK_NOTES). It
+  own group (`ray.util.collective` cannot run inside a Train worker, docs/stack_facts.md). It
   rendezvouses through a `TCPStore` served by trainer rank 0; each membership (the
   driver's *epoch*) gets its own prefix, so a group is re-formed whenever replicas join
   or leave. Weights go in flat buckets of `bucket_mb`: the sender fills bucket k+1
@@ -51,7 +51,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from areal_ray.choices import WEIGHT_PATHS as PATHS  # noqa: F401 - re-exported
 from areal_ray.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 
 # The environment of every process at either end of an NCCL weight push, set before its

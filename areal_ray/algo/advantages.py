@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_ray.choices import ADV_ESTIMATORS as ESTIMATORS, ADV_NORMS  # noqa: F401 - re-exported
+from areal_ray.choices import ADV_ESTIMATORS as ESTIMATORS
 
 
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-5,

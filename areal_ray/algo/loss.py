@@ -1,4 +1,4 @@
-"""The decoupled PPO objective (AReaL paper, eq. 5; shared/DESIGN.md invariant 3).
+"""The decoupled PPO objective (AReaL paper, eq. 5; invariant 3 in docs/architecture.md).
 
 Samples trained asynchronously were produced by a *behaviour* policy that may be
 several versions old. Decoupled PPO clips the ratio around a *proximal* policy (the

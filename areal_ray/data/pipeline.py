@@ -2,7 +2,7 @@
 
 Every prompt is its own block, so each stage handles one group per task and no
 stage ever waits to fill a batch: a row held back in a half-full bundle while the
-staleness gate waits for training would deadlock the run (STACK_NOTES). The rollout
+staleness gate waits for training would deadlock the run (docs/stack_facts.md). The rollout
 stage is an async actor UDF: each of its concurrent calls asks the driver for a
 ticket (waiting while the gate is full), generates the group through the rollout
 Serve app with interruptible requests, and tells the driver it finished. The reward

@@ -1,4 +1,5 @@
-"""The staleness gate: which prompt group may start rolling out now (DESIGN invariant 2).
+"""The staleness gate: which prompt group may start rolling out now (invariant 2 in
+docs/architecture.md).
 
 A group may start only while
 

@@ -108,6 +108,13 @@ class TimedChecker:
             return float(reward), reason
         return 0.0, f"checker error: {value}"
 
+    def warm(self, timeout_s: float = 60.0) -> None:
+        """Start the process and import the math checker now. Paid by the first real
+        check instead, a process start and math-verify's import (seconds on a busy
+        machine) would count against that check's deadline."""
+        if self.fn is check:
+            self("math", "0", "0", timeout_s=max(timeout_s, self.timeout_s))
+
     def close(self) -> None:
         self._kill()
 
@@ -119,11 +126,7 @@ class RewardStage:
                  code_opts: dict | None = None, check_fn=check, driver_name: str = "",
                  namespace: str = ""):
         self.checker = TimedChecker(timeout_s, fn=check_fn)
-        if check_fn is check:
-            # Start the checker process and its math-verify import now, while the run
-            # starts up: paid at the first real check it would delay the first step by
-            # seconds, and on a busy machine could eat that check's deadline.
-            self.checker("math", "0", "0", timeout_s=max(60.0, timeout_s))
+        self.checker.warm()  # while the run starts up, not in the first step
         self.code_timeout_s = code_timeout_s
         self.code_opts = code_opts or {}
         if driver_name:  # counted in the reward-pool size metric while it lives

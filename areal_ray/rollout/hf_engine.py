@@ -16,7 +16,7 @@ Why not transformers' own continuous-batching manager: its `pause()` lets weight
 swapped under running sequences, which would mix versions inside a sequence's KV
 cache without a record of where, and `stop()` ends the manager; on CPU each of its
 steps also cost ~15 ms of fixed overhead, 3-7x slower than plain batched decoding
-for our tiny models (STACK_NOTES).
+for our tiny models (docs/stack_facts.md).
 
 Weight updates pause the scheduler between two steps: mode "abort" ends every running
 request at once with its partial output (stop reason "abort"; the client resubmits

@@ -9,7 +9,6 @@ is still aborted when its budget is used up ends with stop reason "length".
 
 from __future__ import annotations
 
-import asyncio
 from typing import Awaitable, Callable
 
 from areal_ray.types import Sample
@@ -75,7 +74,8 @@ async def generate_group(generate_batch: GenerateBatchFn, prompt_ids: list[int],
         calls = [p.next_call() for p in pending]
         results = await generate_batch([c[0] for c in calls], [c[1] for c in calls], temperature)
         if len(results) != len(pending):
-            raise RuntimeError(f"generate_batch returned {len(results)} results for {len(pending)} requests")
+            raise RuntimeError(f"generate_batch returned {len(results)} results "
+                               f"for {len(pending)} requests")
         for p, res in zip(pending, results):
             p.add(res)
     return [p.sample() for p in parts]

@@ -16,26 +16,50 @@ from __future__ import annotations
 import threading
 
 import ray
-from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.util.placement_group import remove_placement_group
 
 
-class DriverWatch(ControllerCallback):
+class DriverWatch(ControllerCallback, WorkerGroupCallback):
     def __init__(self, driver_name: str, namespace: str, period_s: float = 2.0):
         self.driver_name, self.namespace, self.period_s = driver_name, namespace, period_s
+        self._placement_group = None
+
+    def after_worker_group_start(self, worker_group) -> None:
+        # Killing the controller does not free its worker group's placement group:
+        # Ray Train's own cleaner asks the state API whether the controller lives, which
+        # needs the dashboard (off in our local clusters), and its CPUs stayed reserved
+        # for good (a later run's reward actor could not be placed). We free it.
+        self._placement_group = worker_group.get_worker_group_state().placement_group_handle.placement_group
 
     def after_controller_start(self, train_run_context) -> None:
-        driver = ray.get_actor(self.driver_name, namespace=self.namespace)
-        controller = ray.get_runtime_context().current_actor
-        threading.Thread(target=self._watch, args=(driver, controller), daemon=True,
-                         name="areal-driver-watch").start()
+        self._driver = ray.get_actor(self.driver_name, namespace=self.namespace)
+        self._controller = ray.get_runtime_context().current_actor
+        threading.Thread(target=self._watch, daemon=True, name="areal-driver-watch").start()
 
-    def _watch(self, driver, controller) -> None:
+    def before_controller_execute_failure_decision(self, failure_decision) -> None:
+        # A worker group that failed because the driver died is about to be restarted
+        # (a new placement group) unless the run stops here, before that.
+        if not self._driver_alive():
+            self._stop_run()
+
+    def _driver_alive(self) -> bool:
+        try:
+            ray.get(self._driver.__ray_ready__.remote(), timeout=30)
+        except ray.exceptions.GetTimeoutError:
+            return True  # busy, not gone
+        except ray.exceptions.RayActorError:
+            return False
+        return True
+
+    def _stop_run(self) -> None:
+        if self._placement_group is not None:
+            remove_placement_group(self._placement_group)  # ends the workers in it
+        ray.kill(self._controller, no_restart=True)
+
+    def _watch(self) -> None:
         stop = threading.Event()
         while not stop.wait(self.period_s):
-            try:
-                ray.get(driver.__ray_ready__.remote(), timeout=30)
-            except ray.exceptions.GetTimeoutError:
-                continue  # busy, not gone
-            except ray.exceptions.RayActorError:
-                ray.kill(controller, no_restart=True)
+            if not self._driver_alive():
+                self._stop_run()
                 return

@@ -3,7 +3,7 @@
 A background thread drains this worker's dataset shard as fast as rows arrive
 (`prefetch_batches=0`), so no row is ever held back inside Ray Data while the
 staleness gate waits for the trainer: with the gate closed, a row stuck in a
-prefetch buffer would deadlock the run (STACK_NOTES).
+prefetch buffer would deadlock the run (docs/stack_facts.md).
 
 Step t trains the next B accepted groups in ticket order (without a dynamic filter:
 exactly the tickets [t*B, (t+1)*B)), whichever rank's shard they arrived on: ranks

@@ -108,9 +108,6 @@ def train_loop_per_worker(config: dict) -> None:
     torch.manual_seed(cfg.train.seed)
     rank = ray.train.get_context().get_world_rank()
     driver = ray.get_actor(config["driver_name"], namespace=config["namespace"])
-    # Start the data path first: Ray Data's coordinator and stage actors start while the
-    # model builds. No group is admitted before `restore` below, so nothing runs early.
-    feeder = ShardFeeder(ray.train.get_dataset_shard("train"))
 
     ckpt_dir = latest_checkpoint(config["checkpoint_root"], ray.train.get_checkpoint())
     state = read_trainer_state(ckpt_dir) if ckpt_dir else \
@@ -133,7 +130,7 @@ def train_loop_per_worker(config: dict) -> None:
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
     assembler = StepAssembler(
-        feeder, cfg.algo.batch_groups,
+        ShardFeeder(ray.train.get_dataset_shard("train")), cfg.algo.batch_groups,
         distributed=dist.is_initialized(),
         accept=informative if cfg.algo.dynamic_filter else None, next_ticket=state["next_ticket"],
         on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)

@@ -2,7 +2,6 @@ import pytest
 import torch
 
 from areal_ray.algo.advantages import (
-    ADV_NORMS,
     advantages,
     grpo_advantages,
     informative_groups,
@@ -11,6 +10,7 @@ from areal_ray.algo.advantages import (
     rloo_advantages,
     shape_rewards,
 )
+from areal_ray.choices import ADV_NORMS
 
 
 def test_group_normalised_by_hand():

@@ -1,4 +1,4 @@
-"""decoupled_ppo_loss against values computed by hand (DESIGN invariant 3)."""
+"""decoupled_ppo_loss against values computed by hand (invariant 3, docs/architecture.md)."""
 
 import math
 

@@ -2,7 +2,7 @@
 
 Run by `make test-contract` (also part of `make test`), which installs the wheel with
 --no-deps into .contract/site and puts it and a torchvision stub on PYTHONPATH. What
-is checked is what GPU_AUDIT found wrong or unchecked: the request classes and fields
+is checked is what the GPU audit (docs/gpu.md) found wrong or unchecked: the request classes and fields
 we build, the signatures we call, the sampling params sglang validates, the finish
 reasons we parse, the weight-update session rules (with sglang's own scheduler-side
 SchedulerWeightUpdaterManager deciding), and the serializer with every weight path's

@@ -1,30 +1,21 @@
 """Faults a cluster does to a run, injected into the real job: the run goes on."""
 
 import json
-import os
-import signal
 import threading
 import time
 
 import pytest
-from ray._private import state
+import ray
 
 from areal_ray.run import run_training
 from areal_ray.tracking import lineage, read_events
 from areal_ray.train.checkpoint import latest_checkpoint
-from tests.jobs.test_resume import B, GROUP, check_lineage, config
+from tests.jobs.test_resume import B, GROUP, at_version, check_lineage, config, kill_actor
 
 
 def kill_the_rollout_replica_when(run_dir, version: int, killed: list) -> None:
-    path = run_dir / "steps.jsonl"
-    while not killed:
-        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
-            for a in state.actors().values():
-                if a["ActorClassName"].startswith("ServeReplica:") and a["State"] == "ALIVE":
-                    os.kill(a["Pid"], signal.SIGKILL)
-                    killed.append(a["Pid"])
-                    return
-        time.sleep(0.1)
+    at_version(run_dir, version, lambda: kill_actor(lambda name: name.startswith("ServeReplica:")),
+               killed)
 
 
 def test_a_killed_rollout_replica_is_invisible_to_the_run(ray_cluster, embedded_model, tmp_path):
@@ -47,15 +38,7 @@ def test_a_killed_rollout_replica_is_invisible_to_the_run(ray_cluster, embedded_
 
 
 def kill_the_driver_when(run_dir, version: int, killed: list) -> None:
-    path = run_dir / "steps.jsonl"
-    while not killed:
-        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
-            for a in state.actors().values():
-                if a["ActorClassName"] == "Driver" and a["State"] == "ALIVE":
-                    os.kill(a["Pid"], signal.SIGKILL)
-                    killed.append(a["Pid"])
-                    return
-        time.sleep(0.1)
+    at_version(run_dir, version, lambda: kill_actor(lambda name: name == "Driver"), killed)
 
 
 def test_a_killed_driver_fails_fast_and_the_run_resumes_exactly(ray_cluster, embedded_model, tmp_path):
@@ -67,6 +50,12 @@ def test_a_killed_driver_fails_fast_and_the_run_resumes_exactly(ray_cluster, emb
         run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", f"algo.eta={eta}",
                             "train.checkpoint_every=2", "train.max_failures=2"))
     assert killed and time.time() - t0 < 300
+    # nothing of the failed run keeps CPUs reserved: a placement group left behind had
+    # starved a later run of this shared cluster (its reward actor was never placed)
+    deadline = time.time() + 30
+    while any(pg["state"] == "CREATED" for pg in ray.util.placement_group_table().values()):
+        assert time.time() < deadline, ray.util.placement_group_table()
+        time.sleep(0.5)
     done = [r["version"] for r in lineage(read_events(run_dir / "steps.jsonl"))]
     ckpt = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
     assert ckpt["version"] >= 2 and ckpt["version"] % 2 == 0

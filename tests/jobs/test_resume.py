@@ -40,16 +40,27 @@ def check_lineage(run_dir, steps: int, eta: int) -> list[dict]:
     return recs
 
 
-def kill_a_train_worker_when(run_dir, version: int, killed: list) -> None:
+def at_version(run_dir, version: int, act, done: list) -> None:
+    """Poll the run's step records; once `version` is trained, `act()` once and note it."""
     path = run_dir / "steps.jsonl"
-    while not killed:
+    while not done:
         if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
-            for a in state.actors().values():
-                if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE":
-                    os.kill(a["Pid"], signal.SIGKILL)
-                    killed.append(a["Pid"])
-                    return
-        time.sleep(0.2)
+            done.append(act())
+            return
+        time.sleep(0.1)
+
+
+def kill_actor(is_target) -> int:
+    """SIGKILL the process of the first live actor whose class name passes `is_target`."""
+    for a in state.actors().values():
+        if is_target(a["ActorClassName"]) and a["State"] == "ALIVE":
+            os.kill(a["Pid"], signal.SIGKILL)
+            return a["Pid"]
+    raise AssertionError("no such live actor")
+
+
+def kill_a_train_worker_when(run_dir, version: int, killed: list) -> None:
+    at_version(run_dir, version, lambda: kill_actor(lambda name: name == "RayTrainWorker"), killed)
 
 
 def test_killed_trainer_restarts_from_checkpoint(ray_cluster, embedded_model, tmp_path):
@@ -102,13 +113,7 @@ def test_resume_without_a_checkpoint_is_a_clear_error(embedded_model, tmp_path):
 def interrupt_when(run_dir, version: int, sent: list) -> None:
     """Ctrl-C as a terminal sends it: SIGINT to the job's process (this one; Ray's own
     processes block SIGINT)."""
-    path = run_dir / "steps.jsonl"
-    while not sent:
-        if path.exists() and any(r.get("version", 0) >= version for r in read_events(path)):
-            os.kill(os.getpid(), signal.SIGINT)
-            sent.append(version)
-            return
-        time.sleep(0.1)
+    at_version(run_dir, version, lambda: os.kill(os.getpid(), signal.SIGINT) or version, sent)
 
 
 def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_resume_continues(ray_cluster, embedded_model,

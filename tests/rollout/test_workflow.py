@@ -1,5 +1,5 @@
 """Interruptible rollout: resubmission keeps the budget, versions step at the resume point,
-and the resumed tokens' logprobs are those of the new weights (DESIGN invariant 4)."""
+and the resumed tokens' logprobs are those of the new weights (invariant 4, docs/architecture.md)."""
 
 import asyncio
 
@@ -9,6 +9,16 @@ from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.hf_engine import HFEngine
 from areal_ray.rollout.workflow import generate_group, generate_interruptible
+
+
+async def push_during(engine, generation, new_state):
+    """Run `generation`; once the engine is generating, push `new_state` as version 1."""
+    task = asyncio.ensure_future(generation)
+    while engine.load()["running"] == 0:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    await engine.update_weights(new_state, version=1)
+    return await task
 
 
 def test_interrupted_generation_finishes_with_full_budget(random_model_dir):
@@ -22,15 +32,7 @@ def test_interrupted_generation_finishes_with_full_budget(random_model_dir):
         return {"output_ids": res.output_ids, "logprobs": res.logprobs,
                 "versions": res.versions, "stop_reason": res.stop_reason}
 
-    async def scenario():
-        task = asyncio.ensure_future(generate_interruptible(gen, prompt, budget, 1.0))
-        while engine.load()["running"] == 0:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)
-        await engine.update_weights(new_state, version=1)
-        return await task
-
-    sample = asyncio.run(scenario())
+    sample = asyncio.run(push_during(engine, generate_interruptible(gen, prompt, budget, 1.0), new_state))
     assert len(sample.output_ids) == budget and sample.stop_reason == "length"
     assert sample.n_resubmits >= 1
     k = sample.versions.index(1)  # the resume point
@@ -58,15 +60,8 @@ def test_a_group_resubmits_its_aborted_samples_in_one_round(random_model_dir):
                                          for ids, b in zip(ids_list, budgets)])
         return [r.to_dict() for r in results]
 
-    async def scenario():
-        task = asyncio.ensure_future(generate_group(generate_batch, prompt, n, budget, 1.0))
-        while engine.load()["running"] == 0:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)
-        await engine.update_weights(new_state, version=1)
-        return await task
-
-    samples = asyncio.run(scenario())
+    samples = asyncio.run(push_during(engine, generate_group(generate_batch, prompt, n, budget, 1.0),
+                                      new_state))
     assert len(rounds) >= 2 and rounds[0] == [budget] * n
     assert len(rounds[1]) == n and all(0 < b < budget for b in rounds[1])  # all were running: all resumed
     for s in samples:
