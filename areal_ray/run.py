@@ -34,7 +34,7 @@ from areal_ray.event_loop import off_event_loop
 from areal_ray.interrupt import RunInterrupted, StopOnInterrupt, in_worker_thread
 from areal_ray.tracking import RunTracker, lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_trainer_state, save_hf
-from areal_ray.train.driver_watch import DriverWatch
+from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.utilization import length_stats, rollout_idle, steady_state
 from areal_ray.weights import state_from
@@ -220,7 +220,7 @@ def run_training(cfg: Config) -> dict:
             with stopper:
                 in_worker_thread(trainer.fit)
         except Exception as e:
-            if not driver_alive(driver):
+            if not actor_alive(driver, timeout_s=10):
                 raise RuntimeError(driver_lost(driver_name, cfg, run_dir)) from e
             raise
         finally:
@@ -258,16 +258,6 @@ def run_training(cfg: Config) -> dict:
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)
-
-
-def driver_alive(driver) -> bool:
-    try:
-        ray.get(driver.__ray_ready__.remote(), timeout=10)
-    except ray.exceptions.RayActorError:
-        return False
-    except ray.exceptions.GetTimeoutError:
-        pass
-    return True
 
 
 def driver_lost(driver_name: str, cfg: Config, run_dir: Path) -> str:

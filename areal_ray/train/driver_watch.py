@@ -20,6 +20,17 @@ from ray.train.v2._internal.execution.callback import ControllerCallback, Worker
 from ray.util.placement_group import remove_placement_group
 
 
+def actor_alive(handle, timeout_s: float) -> bool:
+    """False only for an actor that is gone: one too busy to answer counts as alive."""
+    try:
+        ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        return True
+    except ray.exceptions.RayActorError:
+        return False
+    return True
+
+
 class DriverWatch(ControllerCallback, WorkerGroupCallback):
     def __init__(self, driver_name: str, namespace: str, period_s: float = 2.0):
         self.driver_name, self.namespace, self.period_s = driver_name, namespace, period_s
@@ -44,13 +55,7 @@ class DriverWatch(ControllerCallback, WorkerGroupCallback):
             self._stop_run()
 
     def _driver_alive(self) -> bool:
-        try:
-            ray.get(self._driver.__ray_ready__.remote(), timeout=30)
-        except ray.exceptions.GetTimeoutError:
-            return True  # busy, not gone
-        except ray.exceptions.RayActorError:
-            return False
-        return True
+        return actor_alive(self._driver, timeout_s=30)
 
     def _stop_run(self) -> None:
         if self._placement_group is not None:
