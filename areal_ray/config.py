@@ -45,6 +45,7 @@ class TaskConfig:
     answer_pattern: str = opt("", "regex searched in answer_field; its first group (else the match) is the answer, e.g. '####\\s*(.+)$' for GSM8K; empty: the whole field")
     n_eval: int = opt(256, "held-out problems evaluated before and after training")
     seed: int = opt(0, "seed of the embedded task's problems and of the per-epoch shuffle")
+    shuffle_window: int = opt(10_000, "per-epoch shuffle of a dataset file: rows are permuted within windows of this many consecutive rows, and files among themselves (a smaller dataset is shuffled whole; docs/data.md)")
     max_steps_per_problem: int = opt(8, "longest chain of the embedded arithmetic task")
     chain_p_stop: float = opt(0.35, "embedded task: chains have 1 + Geometric(chain_p_stop) steps (capped at max_steps_per_problem); smaller means a longer tail of output lengths")
 
@@ -193,6 +194,7 @@ def validate(cfg: Config) -> Config:
         (cfg.algo.eta >= 0, "algo.eta must be >= 0"),
         (cfg.algo.batch_groups >= 1, "algo.batch_groups must be >= 1"),
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+        (cfg.task.shuffle_window >= 1, "task.shuffle_window must be >= 1"),
         (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
         (cfg.rollout.temperature > 0, "rollout.temperature must be > 0 for training rollouts"),
         (1 <= cfg.rollout.min_replicas <= cfg.rollout.max_replicas,

@@ -45,11 +45,13 @@ import time
 
 import ray
 
+from areal_ray.data.read_ahead import ReadAhead
 from areal_ray.data.staleness import StalenessGate
 from areal_ray.metrics import DriverMetrics
+from areal_ray.utilization import thin
 
 MONITOR_PERIOD_S = 2.0
-MAX_LOAD_REPORTS = 20_000  # per replica: 11 hours at one report per 2 s
+MAX_LOAD_REPORTS = 2_000  # per replica; beyond it the reports are thinned (utilization.thin)
 
 
 async def _alive(handle) -> bool:
@@ -73,8 +75,10 @@ class Driver:
         # (serial, version, [weights ref]); serial 0 = the model on disk at version 0
         self._latest: tuple[int, int, list | None] = (0, 0, None)
         self._replicas: dict[str, int] = {}  # replica id -> serial it has loaded
-        self._events: list[dict] = []  # step records and restore events, in order
+        self._events: list[dict] = []  # step records and restore events not yet read
+        self._events_base = 0  # index (in the run's event order) of self._events[0]
         self._generation = 0
+        self._read = ReadAhead()  # the prompt stream's lead over the rollout stage
         self._paused = False
         self._consumed: set[int] = set()  # prompt positions trained or rejected
         self._store: tuple[str, int] | None = None  # collective path: trainer rank 0's store
@@ -101,6 +105,8 @@ class Driver:
         skipped: the run is closed, the caller's pipeline is an old one, or the prompt
         at `position` was already consumed before the checkpoint the run resumed from."""
         async with self._c():
+            if generation == self._generation and self._read.took(1):
+                self._c().notify_all()  # a paused reader may go on
             while True:
                 if (self.gate.state.closed or generation != self._generation
                         or position in self._consumed):
@@ -127,6 +133,7 @@ class Driver:
         """A new pipeline is being built: pause admissions until `restore()`."""
         async with self._c():
             self._generation += 1
+            self._read = ReadAhead()
             # Admissions wait for restore(), which resets the gate: the old pipeline's
             # running groups are abandoned.
             self._paused = True
@@ -149,6 +156,30 @@ class Driver:
             self._paused = False
             self._c().notify_all()
         return {"version": version, "published": push is not None}
+
+    async def read_ahead(self, generation: int, n: int, limit: int) -> None:
+        """The prompt stream read `n` more prompts: returns once the rollout stage has
+        taken all but `limit` of those read, so a large dataset is read as it is used,
+        not ahead into the object store (`areal_ray/data/stream.py`)."""
+        async with self._c():
+            if generation != self._generation:
+                return
+            self._read.read(n)
+            while (not self.gate.state.closed and generation == self._generation
+                   and self._read.ahead > limit):
+                self._read.waiting = True
+                await self._c().wait()
+
+    def read_state(self) -> dict:
+        return {"read": self._read.n_read, "taken": self._read.n_taken, "ahead": self._read.ahead}
+
+    async def consumed_between(self, lo: int, hi: int) -> list[int]:
+        """Consumed prompt positions in [lo, hi), once the trainer has restored its
+        starting point: a read task of a resumed run leaves them out at the source."""
+        async with self._c():
+            while self._paused and not self.gate.state.closed:
+                await self._c().wait()
+            return sorted(p for p in self._consumed if lo <= p < hi)
 
     async def close(self, final: list | None = None) -> None:
         """End of training: admit nothing more; take ownership of the last weights (the
@@ -321,7 +352,8 @@ class Driver:
         the run's rollout idle fraction is computed from these (utilization.py)."""
         rows = self._loads.setdefault(replica_id, [])
         rows.append(report)
-        del rows[:-MAX_LOAD_REPORTS]
+        if len(rows) > MAX_LOAD_REPORTS:
+            rows[:] = thin(rows)
 
     def replica_loads(self) -> dict[str, list[dict]]:
         return self._loads
@@ -352,8 +384,13 @@ class Driver:
 
     def steps(self, since: int = 0) -> list[dict]:
         """Events from index `since` on (the job process tails these): step records,
-        and `{"event": "restore", "version": v}` when the trainer (re)starts from v."""
-        return self._events[since:]
+        and `{"event": "restore", "version": v}` when the trainer (re)starts from v.
+        Events before `since` were read (the job keeps them, and steps.jsonl), so the
+        driver lets them go: its memory stays flat however long the run."""
+        if since > self._events_base:
+            del self._events[:since - self._events_base]
+            self._events_base = since
+        return self._events[max(0, since - self._events_base):]
 
     def latest_weights(self) -> tuple[int, list | None]:
         """(version, [ref]) of the last object-store publication (None otherwise)."""

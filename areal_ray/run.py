@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
-from areal_ray.data.prompts import eval_rows, train_rows
+from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
 from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
@@ -163,7 +163,7 @@ def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
     check_memory(cfg, model_path)
-    prompts = train_rows(cfg.task, prompt_count(cfg))
+    prompts = train_stream(cfg.task, prompt_count(cfg))
     held_out = eval_rows(cfg.task)
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     resume = cfg.run.resume

@@ -58,6 +58,14 @@ def steady_state(steps: list[dict]) -> dict:
     }
 
 
+def thin(reports: list[dict]) -> list[dict]:
+    """Every other report, the first and the last kept: the driver's bound on what it
+    keeps per replica. Repeated, the spacing doubles as the run gets longer, so the
+    idle fraction (from the reports at the window's ends, or their share of idle ones)
+    keeps the same precision relative to the run's length."""
+    return reports[:-1:2] + reports[-1:]
+
+
 def rollout_idle(reports: dict[str, list[dict]], t0: float, t1: float) -> dict:
     """Rollout idle fraction and generation tokens/s between wall times t0 and t1.
 

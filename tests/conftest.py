@@ -9,6 +9,23 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+E2E_DIRS = {"jobs", "notebooks", "deployments"}  # the real job, a notebook, a Serve app
+RAY_FIXTURES = {"ray_cluster", "head_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """One tier marker per test, decided here rather than by hand in each file:
+    `e2e` (tests/jobs, tests/notebooks, tests/deployments: real jobs and Serve apps),
+    `ray` (a test that takes a Ray cluster fixture), `unit` (the rest: no cluster).
+    `make test-fast` runs the unit tier; `make test` runs them all."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts
+        if parts[0] in E2E_DIRS:
+            item.add_marker(pytest.mark.e2e)
+        elif RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
+        else:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

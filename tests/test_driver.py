@@ -66,6 +66,46 @@ def test_new_generation_pauses_until_restore_which_rolls_weights_back(ray_cluste
     assert ray.get(d.steps.remote())[-1] == {"event": "restore", "version": 0}
 
 
+def test_events_read_by_the_job_are_let_go(ray_cluster):
+    d = Driver.remote(eta=0, batch_groups=1)
+    for _ in range(3):  # each restore is an event
+        ray.get(d.restore.remote(0))
+    assert len(ray.get(d.steps.remote(0))) == 3
+    assert len(ray.get(d.steps.remote(2))) == 1
+    ray.get(d.restore.remote(0))
+    assert len(ray.get(d.steps.remote(3))) == 1  # `since` counts in the run's order
+    assert len(ray.get(d.steps.remote(0))) == 1  # what was read before is gone
+    assert ray.get(d.steps.remote(4)) == []
+    ray.kill(d)
+
+
+def test_consumed_positions_are_told_after_the_restore(ray_cluster):
+    d = Driver.remote(eta=0, batch_groups=1)
+    gen = ray.get(d.begin_generation.remote())
+    told = d.consumed_between.remote(10, 20)
+    assert not ray.wait([told], timeout=0.3)[0]  # the checkpoint is not restored yet
+    ray.get(d.restore.remote(0, 0, 0, [3, 12, 15, 25]))
+    assert ray.get(told, timeout=10) == [12, 15]
+    assert gen == 1
+    ray.kill(d)
+
+
+def test_the_reader_waits_while_far_ahead_of_the_rollout_stage(ray_cluster):
+    d = Driver.remote(eta=0, batch_groups=1)
+    gen = ray.get(d.begin_generation.remote())
+    ray.get(d.restore.remote(0))
+    ray.get(d.read_ahead.remote(gen, 3, 4), timeout=10)  # 3 ahead: goes on
+    blocked = d.read_ahead.remote(gen, 3, 4)  # 6 ahead
+    assert not ray.wait([blocked], timeout=0.3)[0]
+    assert ray.get(d.acquire.remote(0, gen)) == (0, 0)  # taken: 5 ahead, still waiting
+    assert not ray.wait([blocked], timeout=0.3)[0]
+    waiting_at_gate = d.acquire.remote(1, gen)  # the gate is full (eta 0, B 1) ...
+    assert ray.get(blocked, timeout=10) is None  # ... but the prompt counts as taken
+    assert ray.get(d.read_state.remote()) == {"read": 6, "taken": 2, "ahead": 4}
+    assert ray.get(d.read_ahead.remote(gen - 1, 100, 0), timeout=10) is None  # an old pipeline
+    ray.kill(d)
+
+
 def test_rejected_groups_free_their_slots(ray_cluster):
     d = Driver.remote(eta=0, batch_groups=1)
     assert ray.get(d.acquire.remote()) == (0, 0)

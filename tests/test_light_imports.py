@@ -15,6 +15,7 @@ import torch
 
 from areal_ray.config import Config
 from areal_ray.data.pipeline import PipelineFactory
+from areal_ray.data.stream import PromptDatasource, rows_stream
 from areal_ray.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
 from areal_ray.train.entry import train_loop_per_worker
 
@@ -30,9 +31,10 @@ def _unpickled_modules(obj) -> set[str]:
 def test_relayed_objects_unpickle_without_torch():
     payload = {"kind": "shm", "path": "/dev/shm/x", "size": 8,
                "specs": [TensorSpec("w", (2,), "float32")], "offsets": [0]}
-    factory = PipelineFactory([{"uid": "0", "prompt": "1+1=", "answer": "2", "verifier": "math"}],
-                              Config(), "d", "ns", "app", "Rollout")
-    assert _unpickled_modules([Config(), train_loop_per_worker, factory, payload]) == set()
+    stream = rows_stream([{"uid": "0", "prompt": "1+1=", "answer": "2", "verifier": "math"}])
+    factory = PipelineFactory(stream, Config(), "d", "ns", "app", "Rollout")
+    source = PromptDatasource(stream, "d", "ns")
+    assert _unpickled_modules([Config(), train_loop_per_worker, factory, source, payload]) == set()
 
 
 def test_the_check_sees_torch_when_it_is_there():

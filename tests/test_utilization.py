@@ -2,7 +2,7 @@
 
 import pytest
 
-from areal_ray.utilization import length_stats, percentile, rollout_idle, steady_state
+from areal_ray.utilization import length_stats, percentile, rollout_idle, steady_state, thin
 
 
 @pytest.mark.parametrize("q,expected", [(0, 1), (50, 5), (90, 9), (99, 10), (100, 10)])
@@ -63,3 +63,23 @@ def test_rollout_idle_without_a_busy_clock_samples_the_queue():
 def test_rollout_idle_needs_two_reports():
     assert rollout_idle({"a": [report(1, 0, 0)]}, 0, 10) == {}
     assert rollout_idle({}, 0, 10) == {}
+
+
+def test_thinned_reports_stay_bounded_and_keep_the_idle_fraction():
+    """The driver's bound: thinning whenever a replica has more than `cap` reports keeps
+    at most `cap` of them, the last one always, and the same idle fraction."""
+    cap, full, kept = 100, [], []
+    busy = 0.0
+    for i in range(5000):  # a report every 2 s; the engine busy 3 s of every 4
+        busy += 2.0 if (i // 1) % 2 == 0 else 1.0
+        r = {"time": 2.0 * i, "busy_s": busy, "tokens": 10 * i, "running": 1, "queued": 0}
+        full.append(r)
+        kept.append(r)
+        if len(kept) > cap:
+            kept = thin(kept)
+    assert len(kept) <= cap and kept[-1] is full[-1] and kept[0] is full[0]
+    t0, t1 = 100.0, full[-1]["time"]
+    exact = rollout_idle({"r": full}, t0, t1)["rollout_idle_fraction"]
+    approx = rollout_idle({"r": kept}, t0, t1)["rollout_idle_fraction"]
+    assert exact == pytest.approx(0.25, abs=0.01)
+    assert approx == pytest.approx(exact, abs=0.02)

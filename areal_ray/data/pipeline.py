@@ -1,7 +1,7 @@
 """The Ray Data pipeline: prompts -> rollout -> reward, streamed into Ray Train.
 
-Every prompt is its own block, so each stage handles one group per task and no
-stage ever waits to fill a batch: a row held back in a half-full bundle while the
+Prompts come from the prompt stream's read tasks (stream.py), one prompt per block,
+so each stage handles one group per task and no stage ever waits to fill a batch: a row held back in a half-full bundle while the
 staleness gate waits for training would deadlock the run (docs/stack_facts.md). The rollout
 stage is an async actor UDF: each of its concurrent calls asks the driver for a
 ticket (waiting while the gate is full), generates the group through the rollout
@@ -26,6 +26,7 @@ from ray import serve
 from ray.data import ActorPoolStrategy
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
+from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
 from areal_ray.rollout.workflow import generate_group
 from areal_ray.types import Group
@@ -97,11 +98,9 @@ class RolloutStage:
         return {"ticket": np.array(tickets, dtype=np.int64), "group": np.array(groups, dtype=object)}
 
 
-def build_pipeline(rows: list[dict], cfg, driver_name: str, namespace: str,
+def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
                    app_name: str, deployment_name: str, generation: int = 0) -> ray.data.Dataset:
-    keep = ("uid", "prompt", "answer", "verifier")
-    ds = ray.data.from_items([{"pos": i, **{k: str(r[k]) for k in keep}} for i, r in enumerate(rows)],
-                             override_num_blocks=len(rows))
+    ds = prompt_dataset(stream, driver_name, namespace, generation)
     concurrent = cfg.rollout.max_concurrent_rollouts or (cfg.algo.eta + 1) * cfg.algo.batch_groups
     ds = ds.map_batches(
         RolloutStage, batch_size=None, num_cpus=0,
@@ -139,9 +138,9 @@ class PipelineFactory:
     """What Ray Train gets as the "train" dataset: builds a fresh pipeline (in a new
     driver generation) each time the trainer's worker group starts."""
 
-    def __init__(self, rows: list[dict], cfg, driver_name: str,
+    def __init__(self, stream: PromptStream, cfg, driver_name: str,
                  namespace: str, app_name: str, deployment_name: str):
-        self.args = (rows, cfg, driver_name, namespace, app_name, deployment_name)
+        self.args = (stream, cfg, driver_name, namespace, app_name, deployment_name)
 
     def __call__(self) -> ray.data.Dataset:
         # Called in Ray Train's controller: a dataset takes this process's context.

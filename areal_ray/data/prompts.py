@@ -6,29 +6,28 @@ JSON string in `answer`); extra keys are kept. A dataset with other columns (GSM
 `question` and `answer`) is mapped by `task.prompt_template`, `task.answer_field` and
 `task.answer_pattern` (docs/data.md). Rows are mapped and checked when loaded, in
 `check_row` alone, so a malformed dataset is an error naming the file and row before
-any rollout starts. Training consumes exactly `steps * batch_groups` prompts: the
-split is cycled epoch by epoch, reshuffled with `seed + epoch`, each prompt used once
-per epoch.
+any rollout starts (for a large training set, its first rows: stream.py). The order
+in which training consumes prompts is the prompt stream (stream.py).
 """
 
 from __future__ import annotations
 
 import json
-import random
 import re
 import string
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from areal_ray.config import ConfigError
-from areal_ray.data.sources import DatasetError, read_rows
+from areal_ray.data.sources import DatasetError, iter_rows, read_rows
 from areal_ray.reward.code import check_tests
 from areal_ray.reward.pool import VERIFIERS
 from areal_ray.task.arith import make_split
 
 EMBEDDED_TRAIN_SEED, EMBEDDED_EVAL_SEED = 1_000, 2_000_000
 
-__all__ = ["DatasetError", "Fields", "check_row", "read_prompts", "train_rows", "eval_rows"]
+__all__ = ["DatasetError", "Fields", "check_row", "read_prompts", "train_stream", "train_rows", "eval_rows"]
 
 
 @dataclass(frozen=True)
@@ -123,21 +122,25 @@ def embedded_rows(seed: int, n: int, task) -> list[dict]:
     return [p.to_row(f"arith-{seed}-{i}") for i, p in enumerate(split)]
 
 
-def train_rows(task, n_needed: int) -> list[dict]:
-    """Exactly `n_needed` prompts, in training order."""
+def train_stream(task, n_needed: int):
+    """The stream of the `n_needed` prompts training consumes, in training order."""
+    from areal_ray.data.stream import file_stream, rows_stream  # ray.data: not for config checks
     if not task.train_path:
-        return embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task)
-    split = read_prompts(task.train_path, Fields.of(task))
-    out, epoch = [], 0
-    while len(out) < n_needed:
-        order = list(split)
-        random.Random(task.seed + epoch).shuffle(order)
-        out += [dict(r, epoch=epoch) for r in order]
-        epoch += 1
-    return out[:n_needed]
+        return rows_stream(embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task))
+    return file_stream(task.train_path, n_needed, task.seed, task.shuffle_window, Fields.of(task))
+
+
+def train_rows(task, n_needed: int) -> list[dict]:
+    """Exactly `n_needed` prompts, in training order, in this process (a peer fed the
+    same prompts; tests). Each row has its stream position `pos`."""
+    return list(train_stream(task, n_needed))
 
 
 def eval_rows(task) -> list[dict]:
     if not task.eval_path:
         return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task)
-    return read_prompts(task.eval_path, Fields.of(task))[: task.n_eval]
+    fields = Fields.of(task)
+    rows = [check_row(row, where, fields) for where, row in islice(iter_rows(task.eval_path), task.n_eval)]
+    if not rows:
+        raise DatasetError(f"{task.eval_path}: no rows")
+    return rows

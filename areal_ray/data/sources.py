@@ -1,4 +1,4 @@
-"""Dataset files on disk, read into plain dict rows with the place each came from.
+"""Dataset files on disk, streamed as plain dict rows with the place each came from.
 
 Real prompt sets come as jsonl, as parquet (a Hugging Face Hub snapshot), or as arrow
 (`datasets.Dataset.save_to_disk`). Reading them here, with pyarrow only, means they
@@ -7,12 +7,18 @@ file, a directory (every data file directly in it) or a glob. Each row comes wit
 place, `path:line` (jsonl, 1-based like an editor) or `path[row i]` (parquet and
 arrow, 0-based like a table index), so a later check can name the exact row. Nothing
 here knows what a prompt row must hold: that is `prompts.check_row`.
+
+Files are read lazily, a record batch (or a line) at a time, and `count_rows` counts
+without parsing rows (parquet footers, arrow batch headers, non-blank lines), so a
+million-row dataset is never held whole by the job: the prompt stream (stream.py)
+reads it in Ray Data read tasks.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,48 +31,75 @@ class DatasetError(ValueError):
     pass
 
 
-def read_jsonl(path: Path) -> list[Located]:
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((f"{path}:{i}", json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from e
-    return rows
+BATCH_ROWS = 8192  # rows decoded at a time from a parquet or arrow file
 
 
-def _table_rows(path: Path, table: pa.Table) -> list[Located]:
-    return [(f"{path}[row {i}]", row) for i, row in enumerate(table.to_pylist())]
+def iter_jsonl(path: Path) -> Iterator[Located]:
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{i}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from e
 
 
-def read_parquet(path: Path) -> list[Located]:
+def _batch_rows(path: Path, batches) -> Iterator[Located]:
+    i = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield f"{path}[row {i}]", row
+            i += 1
+
+
+def _parquet(path: Path) -> pq.ParquetFile:
     try:
         # ParquetFile, not read_table: a file under a `key=value` folder must not grow
         # hive partition columns.
-        table = pq.ParquetFile(path).read()
+        return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
         raise DatasetError(f"{path}: cannot read as parquet ({e})") from e
-    return _table_rows(path, table)
 
 
-def read_arrow(path: Path) -> list[Located]:
+def iter_parquet(path: Path) -> Iterator[Located]:
+    try:
+        yield from _batch_rows(path, _parquet(path).iter_batches(batch_size=BATCH_ROWS))
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{path}: cannot read as parquet ({e})") from e
+
+
+def _arrow_batches(path: Path) -> Iterator[pa.RecordBatch]:
     # save_to_disk writes the IPC stream format; plain `.arrow` files elsewhere are
     # often the random-access file format, so try both before giving up.
     try:
         with pa.memory_map(str(path)) as src:
             try:
-                table = pa.ipc.open_stream(src).read_all()
+                reader = pa.ipc.open_stream(src)
             except pa.ArrowInvalid:
                 src.seek(0)
-                table = pa.ipc.open_file(src).read_all()
+                f = pa.ipc.open_file(src)
+                reader = (f.get_batch(i) for i in range(f.num_record_batches))
+            yield from reader
     except (pa.ArrowException, OSError) as e:
         raise DatasetError(f"{path}: cannot read as arrow ({e})") from e
-    return _table_rows(path, table)
 
 
-READERS = {".jsonl": read_jsonl, ".parquet": read_parquet, ".arrow": read_arrow}
+def iter_arrow(path: Path) -> Iterator[Located]:
+    yield from _batch_rows(path, _arrow_batches(path))
+
+
+def count_rows(path: Path) -> int:
+    """Rows that reading `path` yields, without decoding them."""
+    if path.suffix == ".parquet":
+        return _parquet(path).metadata.num_rows
+    if path.suffix == ".arrow":
+        return sum(b.num_rows for b in _arrow_batches(path))
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+READERS = {".jsonl": iter_jsonl, ".parquet": iter_parquet, ".arrow": iter_arrow}
 KINDS = ", ".join(READERS)
 
 
@@ -104,6 +137,12 @@ def resolve(spec: str | Path) -> list[Path]:
             raise DatasetError(f"{f}: unsupported file type {f.suffix or '(none)'!r}; "
                                f"expected {KINDS}, a directory or a glob")
     return files
+
+
+def iter_rows(spec: str | Path) -> Iterator[Located]:
+    """Every row of every file that `spec` names, each with its place, read lazily."""
+    for f in resolve(spec):
+        yield from READERS[f.suffix](f)
 
 
 def read_rows(spec: str | Path) -> list[Located]:

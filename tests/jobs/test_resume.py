@@ -105,6 +105,28 @@ def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path
     assert sorted(int(m.step) for m in history) == [0, 1, 2, 3]
 
 
+def test_a_dataset_run_resumes_its_stream_exactly(ray_cluster, embedded_model, tmp_path):
+    """A training set read from a file, 6 prompts cycled over 3 epochs with a window of
+    4: the resumed job skips what the checkpoint consumed where the stream reads it,
+    and the run trains each prompt once per epoch."""
+    from areal_ray.data.prompts import embedded_rows
+    n = 6
+    rows = embedded_rows(77, n, load_config(None, []).task)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({k: r[k] for k in ("uid", "prompt", "answer")}) + "\n"
+                            for r in rows))
+    run_dir, db = tmp_path / "run", tmp_path / "mlflow.db"
+    keys = (f"task.train_path={data}", "task.shuffle_window=4", "algo.eta=1")
+    run_training(config(embedded_model, run_dir, db, "train.steps=2", *keys))
+    run_training(config(embedded_model, run_dir, db, "train.steps=4", "run.resume=true", *keys))
+    positions = [p for r in check_lineage(run_dir, 4, eta=1) for p in r["positions"]]
+    by_epoch = {}
+    for p in positions:
+        by_epoch.setdefault(p // n, []).append(p % n)
+    assert sorted(by_epoch[0]) == sorted(by_epoch[1]) == list(range(n))  # full epochs
+    assert len(by_epoch[2]) == 4 * B - 2 * n and len(set(by_epoch[2])) == len(by_epoch[2])
+
+
 def test_resume_without_a_checkpoint_is_a_clear_error(embedded_model, tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         run_training(config(embedded_model, tmp_path / "none", tmp_path / "db", "run.resume=true"))

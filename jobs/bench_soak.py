@@ -1,0 +1,144 @@
+"""Soak: a long quickstart run, and whether any process's memory grows with the steps.
+
+    python -m jobs.bench_soak [out=runs/bench_soak.json] [steps=500] [period_s=5]
+                              [warmup_steps=100] [config=conf/quickstart.yaml]
+
+Runs the real job (`python -m jobs.train`, no eval) for `steps` steps and samples,
+every `period_s`, the PSS of each process of its tree (the job, Ray's daemons, every
+actor: driver, rollout replica, trainer, Ray Data's coordinator and stages) with the
+step reached then (lines of steps.jsonl). For each process role it fits memory
+against step by least squares from `warmup_steps` on (start-up allocations and
+caches are not growth) and reports the slope in MiB per 100 steps, and the same for
+the whole tree. Writes JSON and prints one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from areal_ray.config import ConfigError, opt
+from jobs.cli import bench_main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class BenchSoakConfig:
+    out: str = opt("runs/bench_soak.json", "JSON report path")
+    steps: int = opt(500, "training steps of the soak run")
+    period_s: float = opt(5.0, "seconds between memory samples")
+    warmup_steps: int = opt(100, "steps left out of the fit (start-up, caches filling)")
+    config: str = opt("conf/quickstart.yaml", "the run's config")
+    overrides: list = opt([], "more key=value overrides for the run, e.g. [algo.eta=4]")
+
+
+def role(p: psutil.Process) -> str:
+    """A process's role: its Ray title up to the method (`ray::Driver`,
+    `ray::ServeReplica:app:Rollout`, `ray::SplitCoordinator`) or its program name."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return "?"
+    head = cmd[0] if cmd else p.name()
+    if head.startswith("ray::"):
+        return re.sub(r"[.(].*$", "", head.split()[0])
+    if "jobs.train" in cmd:
+        return "job"
+    return Path(head).name or p.name()
+
+
+def sample(root: psutil.Process) -> dict[str, int]:
+    """PSS by role over the process tree of `root`."""
+    out: dict[str, int] = {}
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for p in procs:
+        try:
+            pss = p.memory_full_info().pss
+        except psutil.Error:
+            continue
+        r = role(p)
+        out[r] = out.get(r, 0) + pss
+    return out
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y over x; None with fewer than 3 points."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
+
+
+def growth(samples: list[dict], warmup: int) -> dict:
+    """MiB per 100 steps by role (and `total`), fitted from step `warmup` on."""
+    later = [s for s in samples if s["step"] >= warmup]
+    roles = sorted({r for s in later for r in s["pss"]})
+    out = {}
+    for r in roles + ["total"]:
+        pts = [(s["step"], (sum(s["pss"].values()) if r == "total" else s["pss"].get(r, 0)) / 2**20)
+               for s in later if r == "total" or r in s["pss"]]
+        k = slope(pts)
+        if k is not None:
+            out[r] = {"mib_per_100_steps": 100 * k, "mib_first": pts[0][1], "mib_last": pts[-1][1]}
+    return out
+
+
+def check(c: BenchSoakConfig) -> None:
+    if c.steps <= c.warmup_steps + 50:
+        raise ConfigError("steps must exceed warmup_steps by 50 or more (the fit needs a span)")
+    if c.period_s <= 0:
+        raise ConfigError("period_s must be > 0")
+
+
+def run(c: BenchSoakConfig, argv: list[str]) -> int:
+    out = Path(c.out)
+    run_dir = out.parent / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    cmd = [sys.executable, "-m", "jobs.train", "--config", c.config, f"train.steps={c.steps}",
+           f"run.run_dir={run_dir}", "run.name=soak", "run.eval_before=false",
+           "run.eval_after=false", *map(str, c.overrides)]
+    steps_file = run_dir / "steps.jsonl"
+    samples, t0 = [], time.time()
+    with open(out.with_suffix(".log"), "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            step = sum(1 for _ in open(steps_file)) if steps_file.exists() else 0
+            if step:
+                samples.append({"t": time.time() - t0, "step": step, "pss": sample(root)})
+            time.sleep(c.period_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the soak run failed (exit {proc.returncode}); see {out.with_suffix('.log')}")
+    g = growth(samples, c.warmup_steps)
+    report = {"argv": argv, "cmd": cmd, "steps": c.steps, "wall_s": time.time() - t0,
+              "growth": g, "samples": samples}
+    out.write_text(json.dumps(report, indent=2))
+    worst = sorted(((v["mib_per_100_steps"], r) for r, v in g.items() if r != "total"), reverse=True)[:3]
+    print(f"bench_soak {c.steps} steps in {report['wall_s']:.0f} s: whole tree "
+          f"{g['total']['mib_per_100_steps']:+.1f} MiB per 100 steps "
+          f"({g['total']['mib_first']:.0f} -> {g['total']['mib_last']:.0f} MiB); most growth: "
+          + ", ".join(f"{r} {k:+.1f}" for k, r in worst) + f" -> {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, "python -m jobs.bench_soak", __doc__.splitlines()[0],
+                      BenchSoakConfig, check, run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

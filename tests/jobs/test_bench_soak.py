@@ -1,0 +1,21 @@
+"""The soak benchmark's fit: growth per 100 steps by process role, start-up left out."""
+
+import pytest
+
+from jobs.bench_soak import growth, slope
+
+
+def test_slope_of_a_line_and_too_few_points():
+    assert slope([(0, 1.0), (10, 3.0), (20, 5.0)]) == pytest.approx(0.2)
+    assert slope([(0, 1.0), (10, 3.0)]) is None
+
+
+def test_growth_leaves_out_the_warmup_and_names_the_growing_role():
+    mib = 2**20
+    samples = [{"step": s, "pss": {"ray::Driver": (100 + (50 if s < 100 else 0) + 0.02 * s) * mib,
+                                   "job": 200 * mib}}
+               for s in range(0, 600, 20)]
+    g = growth(samples, warmup=100)
+    assert g["ray::Driver"]["mib_per_100_steps"] == pytest.approx(2.0)
+    assert g["job"]["mib_per_100_steps"] == pytest.approx(0.0, abs=1e-9)
+    assert g["total"]["mib_per_100_steps"] == pytest.approx(2.0)
