@@ -31,6 +31,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from transformers import AutoTokenizer
 
+from areal_ray.config import Config
 from areal_ray.metrics import ReplicaMetrics
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
@@ -46,18 +47,19 @@ METRICS_PERIOD_S = 2.0
 
 @dataclass
 class ServerOptions:
-    """What one replica needs from the run config (small and picklable)."""
-    backend: str = "hf"
-    batching: str = "continuous"
-    max_batch_size: int = 64
-    dtype: str = "float32"
-    torch_threads: int = 1
-    interrupt: bool = True
-    rolling_update: bool = False
-    weights_timeout_s: float = 60.0
-    weights_backend: str = "gloo"
-    engine_kwargs: dict | None = None
-    run_name: str = ""  # the `run` tag of this replica's dashboard metrics
+    """What one replica needs from the run config (small and picklable). No defaults of
+    its own: the config's are the only ones (`from_config(Config())`)."""
+    backend: str
+    batching: str
+    max_batch_size: int
+    dtype: str
+    torch_threads: int
+    interrupt: bool
+    rolling_update: bool
+    weights_timeout_s: float
+    weights_backend: str
+    engine_kwargs: dict | None
+    run_name: str  # the `run` tag of this replica's dashboard metrics
 
     @classmethod
     def from_config(cls, cfg) -> "ServerOptions":
@@ -73,7 +75,7 @@ class ServerOptions:
 class RolloutServer:
     async def __init__(self, model_path: str, driver_name: str = "", namespace: str = "",
                    opts: ServerOptions | None = None):
-        opts = opts or ServerOptions()
+        opts = opts or ServerOptions.from_config(Config())
         torch.set_num_threads(opts.torch_threads)
         self.engine = build_engine(opts.backend, model_path, max_batch_size=opts.max_batch_size,
                                    dtype=opts.dtype, batching=opts.batching,

@@ -9,7 +9,8 @@ actor: driver, rollout replica, trainer, Ray Data's coordinator and stages) with
 step reached then (lines of steps.jsonl). For each process role it fits memory
 against step by least squares from `warmup_steps` on (start-up allocations and
 caches are not growth) and reports the slope in MiB per 100 steps, and the same for
-the whole tree. Writes JSON and prints one line.
+the whole tree, over the samples taken while it trains (the tear-down at the end is
+not growth). Writes JSON and prints one line.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def run(c: BenchSoakConfig, argv: list[str]) -> int:
             time.sleep(c.period_s)
     if proc.returncode != 0:
         raise RuntimeError(f"the soak run failed (exit {proc.returncode}); see {out.with_suffix('.log')}")
-    g = growth(samples, c.warmup_steps)
+    # Training only: the last samples catch the job tearing its processes down.
+    g = growth([s for s in samples if s["step"] < c.steps], c.warmup_steps)
     report = {"argv": argv, "cmd": cmd, "steps": c.steps, "wall_s": time.time() - t0,
               "growth": g, "samples": samples}
     out.write_text(json.dumps(report, indent=2))
