@@ -121,7 +121,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     # Replicas must serve exactly this run's version-`start` weights before any group
     # is admitted (a rollback after a failure, or a resumed run on fresh replicas).
-    publish = ray.get(driver.published_version.remote()) != start
+    publish = ray.get(driver.version.remote()) != start
     weights = full_state_dict(m.policy) if publish else None
     if rank == 0:
         ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,
