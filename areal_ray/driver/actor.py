@@ -146,28 +146,24 @@ class Driver:
     def gate_state(self) -> dict:
         return self.admission.state()
 
-    async def close(self, final: list | None = None) -> None:
+    async def close(self, final=None) -> None:
         """End of training: admit nothing more; own the last weights (the trainer's
         objects die with it). After a collective, shm or disk push the trainer passes
-        them as `final` (`[ref]`): they are published once more as the same version, so
-        a replica starting later, and the job's final model, can read them."""
+        them as `final` (an object-store payload): they are published once more as the
+        same version, so a replica starting later, and the job's final model, can read
+        them."""
         async with self.cond:
             self.admission.close()
             self.cond.notify_all()
         latest = self.publication.latest
         if final is not None:
-            owned = await self._own(final)
+            owned = await final.reown()
             async with self.cond:
                 self.publication.announce(latest.version, owned)
                 self.cond.notify_all()
-        elif latest.payload is not None and latest.payload.refs() is not None:
-            owned = await self._own(latest.payload.refs())
-            self.publication.latest = type(latest)(latest.serial, latest.version, owned)
-
-    @staticmethod
-    async def _own(refs: list):
-        from areal_ray.weight_payloads import ObjectStorePayload
-        return ObjectStorePayload([ray.put(await refs[0])])
+        elif latest.payload is not None:
+            self.publication.latest = type(latest)(latest.serial, latest.version,
+                                                   await latest.payload.reown())
 
     def version(self) -> int:
         """The version the replicas were last told to serve."""
@@ -228,7 +224,7 @@ class Driver:
             epoch, ranks, world = group
             latest = self.publication.announce(version, CollectivePayload(
                 epoch=epoch, store=self.publication.store, ranks=ranks, world=world,
-                specs=specs, bucket_bytes=bucket_bytes))
+                specs=tuple(specs), bucket_bytes=bucket_bytes))
             self.cond.notify_all()
         return {"serial": latest.serial, "epoch": epoch, "world": world}
 
@@ -286,7 +282,7 @@ class Driver:
     def latest_weights(self) -> tuple[int, list | None]:
         """(version, [ref]) of the last object-store publication (None otherwise)."""
         latest = self.publication.latest
-        return latest.version, None if latest.payload is None else latest.payload.refs()
+        return latest.version, None if latest.payload is None else latest.payload.object_refs
 
     # ------------------------------------------------------------ step records
     def record_step(self, record: dict) -> bool:
