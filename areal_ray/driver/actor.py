@@ -162,8 +162,7 @@ class Driver:
                 self.publication.announce(latest.version, owned)
                 self.cond.notify_all()
         elif latest.payload is not None:
-            self.publication.latest = type(latest)(latest.serial, latest.version,
-                                                   await latest.payload.reown())
+            self.publication.swap_payload(await latest.payload.reown())
 
     def version(self) -> int:
         """The version the replicas were last told to serve."""

@@ -79,6 +79,11 @@ class Publication:
         self.latest = Announcement(self.latest.serial + 1, version, payload)
         return self.latest
 
+    def swap_payload(self, payload) -> None:
+        """The same publication carried by another payload (the driver's own copy of
+        the trainer's objects): same serial, so no replica loads it again."""
+        self.latest = Announcement(self.latest.serial, self.latest.version, payload)
+
     def newer_than(self, serial: int) -> bool:
         return self.latest.serial > serial
 
