@@ -49,6 +49,7 @@ from areal_ray.data.read_ahead import ReadAhead
 from areal_ray.data.staleness import StalenessGate
 from areal_ray.metrics import DriverMetrics
 from areal_ray.utilization import thin
+from areal_ray.weight_payloads import CollectivePayload
 
 MONITOR_PERIOD_S = 2.0
 MAX_LOAD_REPORTS = 2_000  # per replica; beyond it the reports are thinned (utilization.thin)
@@ -191,11 +192,11 @@ class Driver:
             self._c().notify_all()
         serial, version, weights = self._latest
         if final is not None:
-            owned = [ray.put(await final[0])]
+            owned = await final.reown()
             async with self._c():
                 self._announce(version, owned)
-        elif isinstance(weights, list):
-            self._latest = (serial, version, [ray.put(await weights[0])])
+        elif weights is not None:
+            self._latest = (serial, version, await weights.reown())
 
     def gate_state(self) -> dict:
         return {**self.gate.state_dict(), "eta": self.gate.eta,
@@ -215,7 +216,7 @@ class Driver:
         waits `push_timeout_s` for a replica that is gone."""
         async with self._c():
             serial, _, payload = self._latest
-            joining_late = isinstance(payload, dict) and payload.get("kind") == "collective"
+            joining_late = payload is not None and not payload.admits(replica_id)
             self._replicas[replica_id] = serial if joining_late else -1
             self._nodes[replica_id] = node_id
             if handle is not None:
@@ -268,9 +269,9 @@ class Driver:
             members = sorted(self._replicas)
             if members != self._members:
                 self._epoch, self._members = self._epoch + 1, members
-            payload = {"kind": "collective", "epoch": self._epoch, "store": self._store,
-                       "ranks": {r: i + 1 for i, r in enumerate(members)},
-                       "world": len(members) + 1, "specs": specs, "bucket_bytes": bucket_bytes}
+            payload = CollectivePayload(self._epoch, self._store,
+                                        {r: i + 1 for i, r in enumerate(members)},
+                                        len(members) + 1, tuple(specs), bucket_bytes)
             serial = self._announce(version, payload)
         return {"serial": serial, "epoch": self._epoch, "world": len(members) + 1}
 
@@ -395,4 +396,4 @@ class Driver:
     def latest_weights(self) -> tuple[int, list | None]:
         """(version, [ref]) of the last object-store publication (None otherwise)."""
         payload = self._latest[2]
-        return self._latest[1], payload if isinstance(payload, list) else None
+        return self._latest[1], payload.object_refs if payload is not None else None
