@@ -1,17 +1,14 @@
 """Weight sync: pushing a new policy version from trainer rank 0 to every replica.
 
-Four paths (`weights.path`; `auto` picks `shm` or `collective`), each a payload the
-driver hands to replicas:
+Four paths (`weights.path`; `auto` picks `shm` or `collective`), each a payload type
+(`areal_ray/weight_payloads.py`) the driver hands to replicas; the trainer sends
+through one sender per path (`areal_ray/train/weight_senders.py`), each replica
+receives through one receiver per path (`areal_ray/rollout/weight_receivers.py`):
 
 * `collective` (default on a cluster): a standalone process group (gloo on CPU, NCCL on
-  GPU) of trainer rank 0 (rank 0) and the rollout replicas, separate from Ray Train's
-  own group (`ray.util.collective` cannot run inside a Train worker, docs/stack_facts.md). It
-  rendezvouses through a `TCPStore` served by trainer rank 0; each membership (the
-  driver's *epoch*) gets its own prefix, so a group is re-formed whenever replicas join
-  or leave. Weights go in flat buckets of `bucket_mb`: the sender fills bucket k+1
-  (gathering FSDP shards parameter by parameter) while bucket k is on the wire, and
-  receivers copy out of a bucket while the next one arrives. Every call has a timeout,
-  so a dead member turns into an error, never a hang.
+  GPU) of trainer rank 0 and the rollout replicas, broadcasting flat buckets
+  (`areal_ray/weight_group.py`, with how it fails on NCCL). When a broadcast fails, the
+  same version goes out through the object store.
 * `object_store`: one `ray.put` of the full state dict (`put_state`), every replica
   reads it (also the fallback when a collective push fails).
 * `disk`: an HF safetensors file on shared storage, for engines that load from disk.
@@ -20,46 +17,23 @@ driver hands to replicas:
   its load is the only copy on its side. This is the path that comes near memory
   bandwidth on one machine (`jobs/bench_weights.py`); it cannot reach other nodes.
 
-The manifest (names, shapes, dtypes) travels with the publication, so receivers need
-no model of their own to unpack buckets.
-
-Failure on NCCL (docs/gpu.md). A collective that never completes must end in an
-error the trainer catches (then the object-store fallback), never in a hang or a
-torn-down trainer. torch's NCCL watchdog would otherwise kill the process: Ray Train
-sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (tear down) for its own group, and a
-`Work.wait()` without a timeout does not even block the CPU. So: (1) every push
-starts with a readiness handshake through the store, with a timeout, so a receiver
-that is dead or never joined is found before anyone enters NCCL; (2) our group is
-built with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (clean up, don't kill; the variable is
-read by each group's constructor); (3) every wait has the group's timeout and a
-failure aborts the group (`ProcessGroupNCCL.abort`) and raises; (4) `NCCL_ENV` goes
-to the trainer workers and the replicas alike, before either creates a communicator.
-What stays unguarded: a member dying between the handshake and the end of NCCL's
-communicator set-up, which NCCL itself does not time out.
+This module holds what both ends share: the manifest, the object-store and
+shared-memory encodings, and the digest that tells whether two ends hold the same
+weights.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from areal_ray.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
-
-# The environment of every process at either end of an NCCL weight push, set before its
-# first NCCL communicator (NCCL reads these once per process). sglang sets
-# NCCL_CUMEM_ENABLE=0 in its replica process when unset; both ends of a group must
-# agree, so the trainer gets it too. TORCH_NCCL_DUMP_ON_TIMEOUT=0: a timed-out weight
-# push would otherwise set a process-wide flag on which the monitor of Ray Train's own
-# NCCL group kills the trainer minutes later.
-NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+from areal_ray.weight_group import NCCL_ENV, WeightGroup, free_port  # noqa: F401 - re-exported
+from areal_ray.weight_payloads import ObjectStorePayload, ShmPayload
 
 
 def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:
@@ -76,161 +50,6 @@ def shm_dir() -> Path:
     """Where weight files shared between processes of one node go: memory-backed
     /dev/shm where it exists, else the temp dir."""
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-class _env:
-    """Environment variables set only inside the block."""
-
-    def __init__(self, **values: str):
-        self.values, self.saved = values, {}
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.values}
-        os.environ.update(self.values)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-class WeightGroup:
-    """One epoch's process group. Rank 0 (trainer rank 0) also serves the store."""
-
-    # Groups that were aborted: dropping one joins its watchdog thread, which can block.
-    _aborted: list = []
-
-    def __init__(self, store: dist.Store, epoch: int, rank: int, world: int,
-                 timeout_s: float, backend: str = "gloo"):
-        self.epoch, self.rank, self.world, self.backend = epoch, rank, world, backend
-        self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.transfers = 0  # pushes through this group, counted alike on every member
-        self.store = dist.PrefixStore(f"weights-epoch-{epoch}", store)
-        if backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = self.timeout
-            with _env(TORCH_NCCL_ASYNC_ERROR_HANDLING="2"):  # read by this constructor
-                self.pg = dist.ProcessGroupNCCL(self.store, rank, world, opts)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.pg = dist.ProcessGroupGloo(self.store, rank, world, self.timeout)
-            self.device = torch.device("cpu")
-
-    @staticmethod
-    def connect(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
-        return dist.TCPStore(host, port, None, is_master, datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
-
-    def _ready_key(self, rank: int) -> str:
-        return f"ready-{self.transfers}-{rank}"
-
-    def _handshake(self) -> None:
-        """Receivers announce they are about to receive; the sender waits for all of
-        them (with the timeout) before it issues any collective."""
-        if self.rank != 0:
-            self.store.set(self._ready_key(self.rank), "1")
-            return
-        try:
-            self.store.wait([self._ready_key(r) for r in range(1, self.world)], self.timeout)
-        except Exception as e:  # noqa: BLE001 - DistStoreError on timeout
-            missing = [r for r in range(1, self.world) if not self.store.check([self._ready_key(r)])]
-            raise RuntimeError(f"weight group epoch {self.epoch}: ranks {missing} not ready "
-                               f"within {self.timeout.total_seconds():.0f} s ({e})") from e
-
-    def _broadcast(self, buf: torch.Tensor):
-        return self.pg.broadcast(buf, 0)
-
-    def _wait(self, work) -> None:
-        # With a timeout: NCCL's wait() without one returns at once (it only orders
-        # streams), and a timed-out wait raises here instead of in the watchdog.
-        work.wait(self.timeout)
-
-    def abort(self) -> None:
-        """After a failure: abort NCCL's communicator so nothing of it lingers."""
-        if self.backend == "nccl":
-            WeightGroup._aborted.append(self.pg)
-            try:
-                self.pg.abort()
-            except Exception:  # noqa: BLE001 - the abort itself timed out; the group is dropped anyway
-                pass
-
-    def _failed(self, e: Exception, what: str) -> RuntimeError:
-        """Abort the group; the error as the RuntimeError the pusher falls back on
-        (torch's DistBackendError and DistStoreError already are)."""
-        self.abort()
-        return e if isinstance(e, RuntimeError) else RuntimeError(
-            f"weight group epoch {self.epoch} {what} failed: {e}")
-
-    def send(self, tensors: Iterator[torch.Tensor], specs: list[TensorSpec],
-             bucket_bytes: int) -> dict:
-        """Rank 0: consume `tensors` (in manifest order; e.g. gathered one by one) into
-        buckets and broadcast them, filling the next while the previous is in flight.
-        Any failure (a receiver not ready, dead or timed out) raises RuntimeError."""
-        t0, nbytes = time.perf_counter(), 0
-        try:
-            self._handshake()
-            pending = None
-            it = iter(tensors)
-            for bucket in plan_buckets(specs, bucket_bytes):
-                dtype = _dtype(specs[bucket[0]].dtype)
-                if len(bucket) == 1:  # a tensor as large as a bucket goes as is: no copy
-                    buf = next(it).to(device=self.device, dtype=dtype).contiguous().reshape(-1)
-                else:
-                    buf = torch.empty(sum(specs[i].numel for i in bucket), dtype=dtype,
-                                      device=self.device)
-                    off = 0
-                    for i in bucket:
-                        n = specs[i].numel
-                        buf[off:off + n].copy_(next(it).reshape(-1))
-                        off += n
-                if pending is not None:
-                    self._wait(pending)
-                pending = self._broadcast(buf)
-                nbytes += buf.numel() * buf.element_size()
-            if pending is not None:
-                self._wait(pending)
-        except Exception as e:  # noqa: BLE001 - one error type for the caller's fallback
-            raise self._failed(e, "send") from e
-        finally:
-            self.transfers += 1
-        return {"send_s": time.perf_counter() - t0, "bytes": nbytes}
-
-    def recv(self, specs: list[TensorSpec], bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-        """Receivers: (name, tensor) views into each received bucket, in manifest order;
-        the next bucket is already being received while the caller copies these out."""
-        buckets = plan_buckets(specs, bucket_bytes)
-
-        def post(bucket):
-            buf = torch.empty(sum(specs[i].numel for i in bucket),
-                              dtype=_dtype(specs[bucket[0]].dtype), device=self.device)
-            return buf, self._broadcast(buf)
-
-        try:
-            self._handshake()
-            nxt = post(buckets[0]) if buckets else None
-            for k, bucket in enumerate(buckets):
-                buf, work = nxt
-                self._wait(work)
-                nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
-                off = 0
-                for i in bucket:
-                    n = specs[i].numel
-                    yield specs[i].name, buf[off:off + n].view(specs[i].shape)
-                    off += n
-        except GeneratorExit:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise self._failed(e, "receive") from e
-        finally:
-            self.transfers += 1
 
 
 def memcpy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
@@ -262,7 +81,7 @@ class SharedMemoryWeights:
         self.bufs: list[torch.Tensor | None] = [None, None]
         self.slot = 1
 
-    def write(self, tensors: Iterable[torch.Tensor], specs: list[TensorSpec]) -> dict:
+    def write(self, tensors: Iterable[torch.Tensor], specs: list[TensorSpec]) -> ShmPayload:
         self.slot = 1 - self.slot
         offsets, total = [], 0
         for sp in specs:
@@ -274,8 +93,7 @@ class SharedMemoryWeights:
                 str(self.paths[self.slot]), shared=True, size=total, dtype=torch.uint8)
         for sp, off, t in zip(specs, offsets, tensors):
             buf[off:off + sp.nbytes].view(_dtype(sp.dtype)).copy_(t.reshape(-1))
-        return {"kind": "shm", "path": str(self.paths[self.slot]), "size": total,
-                "specs": specs, "offsets": offsets}
+        return ShmPayload(str(self.paths[self.slot]), total, tuple(specs), tuple(offsets))
 
     def unlink(self) -> None:
         self.bufs = [None, None]
@@ -283,29 +101,30 @@ class SharedMemoryWeights:
             p.unlink(missing_ok=True)
 
 
-def read_shared(payload: dict, maps: dict | None = None) -> dict[str, torch.Tensor]:
+def read_shared(payload: ShmPayload, maps: dict | None = None) -> dict[str, torch.Tensor]:
     """Views into the mapped file: no copy until the engine loads them. `maps` keeps
     mappings between pushes, so their page tables are filled only once."""
-    key = (payload["path"], payload["size"])
+    key = (payload.path, payload.size)
     buf = maps.get(key) if maps is not None else None
     if buf is None:
-        buf = torch.from_file(payload["path"], shared=True, size=payload["size"], dtype=torch.uint8)
+        buf = torch.from_file(payload.path, shared=True, size=payload.size, dtype=torch.uint8)
         if maps is not None:
             maps[key] = buf
     out = {}
-    for sp, off in zip(payload["specs"], payload["offsets"]):
+    for sp, off in zip(payload.specs, payload.offsets):
         out[sp.name] = buf[off:off + sp.nbytes].view(_dtype(sp.dtype)).view(sp.shape)
     return out
 
 
-def put_state(state: dict[str, torch.Tensor]) -> list:
-    """The object-store path: `[ref]` of the tensors as raw numpy byte arrays, which Ray
-    stores with one copy and hands to every reader as zero-copy views of shared
-    memory (pickled torch tensors would be copied again on every read)."""
+def put_state(state: dict[str, torch.Tensor]) -> ObjectStorePayload:
+    """The object-store path: one `ray.put` of the tensors as raw numpy byte arrays,
+    which Ray stores with one copy and hands to every reader as zero-copy views of
+    shared memory (pickled torch tensors would be copied again on every read)."""
     import ray
-    return [ray.put({k: (v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(),
-                         str(v.dtype).removeprefix("torch."), tuple(v.shape))
-                     for k, v in state.items()})]
+    return ObjectStorePayload(ray.put({
+        k: (v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(),
+            str(v.dtype).removeprefix("torch."), tuple(v.shape))
+        for k, v in state.items()}))
 
 
 def state_from(stored: dict) -> dict[str, torch.Tensor]:
@@ -315,52 +134,6 @@ def state_from(stored: dict) -> dict[str, torch.Tensor]:
         warnings.simplefilter("ignore", UserWarning)  # "not writable": we only read
         return {k: torch.from_numpy(a).view(_dtype(d)).reshape(shape)
                 for k, (a, d, shape) in stored.items()}
-
-
-class WeightReceiver:
-    """A replica's side of every path: turns a publication's payload into a state dict
-    (tensors may be views into received buckets: the engine's load is the one copy).
-    Keeps the collective group of the current epoch between pushes."""
-
-    def __init__(self, replica_id: str, timeout_s: float = 60.0, backend: str = "gloo"):
-        self.replica_id, self.timeout_s, self.backend = replica_id, timeout_s, backend
-        self._group: WeightGroup | None = None
-        self._store_key = None
-        self._store = None
-        self._maps: dict = {}
-
-    def joins(self, payload) -> bool:
-        """False for a collective push formed before this replica registered."""
-        return not (isinstance(payload, dict) and payload.get("kind") == "collective"
-                    and self.replica_id not in payload["ranks"])
-
-    def receive(self, payload) -> dict[str, torch.Tensor]:
-        """Blocking (run it in a thread). Raises if a collective transfer fails; the
-        group is then dropped and the next publication (the fallback) is awaited."""
-        if payload.get("kind") == "disk":
-            from safetensors.torch import load_file
-            return load_file(payload["path"])
-        if payload.get("kind") == "shm":
-            if len(self._maps) > 2:  # a new run or size: drop old mappings
-                self._maps.clear()
-            return read_shared(payload, self._maps)
-        try:
-            group = self._group_for(payload)
-            return dict(group.recv(payload["specs"], payload["bucket_bytes"]))
-        except Exception:
-            self._group = None
-            raise
-
-    def _group_for(self, payload) -> WeightGroup:
-        if self._group is not None and self._group.epoch == payload["epoch"]:
-            return self._group
-        host, port = payload["store"]
-        if self._store_key != (host, port):
-            self._store = WeightGroup.connect(host, port, self.timeout_s)
-            self._store_key = (host, port)
-        self._group = WeightGroup(self._store, payload["epoch"], payload["ranks"][self.replica_id],
-                                  payload["world"], self.timeout_s, self.backend)
-        return self._group
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:

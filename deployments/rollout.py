@@ -36,7 +36,8 @@ from areal_ray.metrics import ReplicaMetrics
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
-from areal_ray.weights import NCCL_ENV, WeightReceiver, state_from
+from areal_ray.rollout.weight_receivers import WeightReceiver
+from areal_ray.weights import NCCL_ENV
 
 logger = logging.getLogger("ray.serve")
 
@@ -100,7 +101,7 @@ class RolloutServer:
             ctx = ray.get_runtime_context()
             got = await self.driver.register_replica.remote(
                 self.replica_id, ctx.get_node_id(), ctx.current_actor)
-            while not self.receiver.joins(got[2]):  # a broadcast already under way
+            while got[2] is not None and not got[2].admits(self.replica_id):  # a broadcast under way
                 self.serial = got[0]
                 got = await self.driver.wait_for_weights.remote(self.replica_id, got[0], 30.0) or got
             await self._load(*got)
@@ -108,14 +109,10 @@ class RolloutServer:
 
     async def _load(self, serial: int, version: int, payload) -> None:
         t0 = time.perf_counter()
-        if payload is None:
+        if payload is None:  # nothing published yet: the engine serves the model on disk
             self.engine.version = version
-        else:
-            if isinstance(payload, list):  # object store
-                state_dict = state_from(await payload[0])
-            else:  # collective or disk; received while generation goes on
-                state_dict = await asyncio.to_thread(self.receiver.receive, payload)
-            await self._swap(state_dict, version)
+        else:  # received while generation goes on; only the swap holds the engine
+            await self._swap(await self.receiver.receive(payload), version)
         self.serial = serial
         await self.driver.ack.remote(self.replica_id, serial, time.perf_counter() - t0)
 

@@ -35,15 +35,15 @@ import ray
 import torch
 
 from areal_ray.config import opt
+from areal_ray.rollout.weight_receivers import WeightReceiver
+from areal_ray.weight_payloads import CollectivePayload, DiskPayload
 from areal_ray.weights import (
     SharedMemoryWeights,
     WeightGroup,
-    WeightReceiver,
     free_port,
     manifest_of,
     memcpy_bandwidth,
     put_state,
-    state_from,
 )
 from jobs.cli import job_config
 
@@ -63,13 +63,9 @@ class Receiver:
         self.receiver = WeightReceiver(name, timeout_s)
         self.params = {s.name: torch.empty(s.shape) for s in specs}
 
-    def load(self, payload) -> dict:
+    async def load(self, payload) -> dict:
         t0 = time.perf_counter()
-        if isinstance(payload, list):
-            tensors = state_from(ray.get(payload[0])).items()
-        else:
-            tensors = self.receiver.receive(payload).items()
-        for k, v in tensors:
+        for k, v in (await self.receiver.receive(payload)).items():
             self.params[k].copy_(v)
         ok = all(float(self.params[k][0]) == float(i) for i, k in enumerate(self.params))
         return {"load_s": time.perf_counter() - t0, "ok": ok}
@@ -81,17 +77,17 @@ def push_once(path: str, state: dict, receivers: list, group: dict, bucket_bytes
     specs = manifest_of(state.items())
     t0 = time.perf_counter()
     if path == "collective":
-        payload = {"kind": "collective", "epoch": group["epoch"], "store": group["addr"],
-                   "ranks": {f"r{i}": i + 1 for i in range(len(receivers))},
-                   "world": len(receivers) + 1, "specs": specs, "bucket_bytes": bucket_bytes}
+        payload = CollectivePayload(group["epoch"], group["addr"],
+                                    {f"r{i}": i + 1 for i in range(len(receivers))},
+                                    len(receivers) + 1, tuple(specs), bucket_bytes)
         refs = [r.load.remote(payload) for r in receivers]
         if group.get("group") is None:  # formed once per membership (first, warm-up push)
             group["group"] = WeightGroup(group["store"], group["epoch"], 0, len(receivers) + 1,
                                          group["timeout_s"])
         group["group"].send(iter(state.values()), specs, bucket_bytes)
     elif path == "object_store":
-        ref = put_state(state)
-        refs = [r.load.remote(ref) for r in receivers]
+        payload = put_state(state)
+        refs = [r.load.remote(payload) for r in receivers]
     elif path == "shm":
         if group.get("shm") is None:
             group["shm"] = SharedMemoryWeights(f"bench-{os.getpid()}")
@@ -101,7 +97,7 @@ def push_once(path: str, state: dict, receivers: list, group: dict, bucket_bytes
         from safetensors.torch import save_file
         file = tmp / "weights.safetensors"
         save_file(state, str(file))
-        refs = [r.load.remote({"kind": "disk", "path": str(file)}) for r in receivers]
+        refs = [r.load.remote(DiskPayload(str(file))) for r in receivers]
     results = ray.get(refs)
     wall = time.perf_counter() - t0
     if not all(r["ok"] for r in results):

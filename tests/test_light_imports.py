@@ -18,6 +18,7 @@ from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.stream import PromptDatasource, rows_stream
 from areal_ray.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
 from areal_ray.train.entry import train_loop_per_worker
+from areal_ray.weight_payloads import CollectivePayload, DiskPayload, ShmPayload
 
 
 def _unpickled_modules(obj) -> set[str]:
@@ -29,12 +30,13 @@ def _unpickled_modules(obj) -> set[str]:
 
 
 def test_relayed_objects_unpickle_without_torch():
-    payload = {"kind": "shm", "path": "/dev/shm/x", "size": 8,
-               "specs": [TensorSpec("w", (2,), "float32")], "offsets": [0]}
+    specs = (TensorSpec("w", (2,), "float32"),)
+    payloads = [ShmPayload("/dev/shm/x", 8, specs, (0,)), DiskPayload("/tmp/v1.safetensors"),
+                CollectivePayload(1, ("127.0.0.1", 1234), {"r": 1}, 2, specs, 1 << 20)]
     stream = rows_stream([{"uid": "0", "prompt": "1+1=", "answer": "2", "verifier": "math"}])
     factory = PipelineFactory(stream, Config(), "d", "ns", "app", "Rollout")
     source = PromptDatasource(stream, "d", "ns")
-    assert _unpickled_modules([Config(), train_loop_per_worker, factory, source, payload]) == set()
+    assert _unpickled_modules([Config(), train_loop_per_worker, factory, source, payloads]) == set()
 
 
 def test_the_check_sees_torch_when_it_is_there():

@@ -128,10 +128,3 @@ def test_both_ends_of_an_nccl_push_get_the_same_nccl_settings():
 
 def test_memcpy_bandwidth_is_measured():
     assert memcpy_bandwidth(1 << 20, repeats=2) > 0
-
-
-def test_a_replica_outside_the_group_waits_for_the_next_publication():
-    from areal_ray.weights import WeightReceiver
-    payload = {"kind": "collective", "ranks": {"b": 1}}
-    assert not WeightReceiver("a").joins(payload)
-    assert WeightReceiver("b").joins(payload) and WeightReceiver("a").joins([object()])

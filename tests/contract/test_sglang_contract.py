@@ -215,5 +215,5 @@ def test_shm_views_fail_in_the_real_serializer_and_ours_are_copied_first():
 def test_object_store_and_plain_tensors_roundtrip(ray_cluster):
     sd = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
     assert _roundtrip_in_child(sd, sd) is True
-    stored = state_from(ray_cluster.get(put_state(sd)[0]))  # read-only object-store views
+    stored = state_from(ray_cluster.get(put_state(sd).ref))  # read-only object-store views
     assert _roundtrip_in_child(stored, sd) is True

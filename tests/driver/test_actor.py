@@ -3,6 +3,8 @@
 import ray
 
 from areal_ray.driver import Driver
+from areal_ray.tensor_spec import TensorSpec
+from areal_ray.weight_payloads import CollectivePayload, DiskPayload, ObjectStorePayload
 
 
 def test_acquire_waits_for_a_push_and_close_releases_waiters(ray_cluster):
@@ -12,7 +14,7 @@ def test_acquire_waits_for_a_push_and_close_releases_waiters(ray_cluster):
     ready, _ = ray.wait([blocked], timeout=0.5)
     assert not ready  # eta = 0: the next batch waits for version 1
     ray.get([d.finish.remote(), d.finish.remote()])
-    assert ray.get(d.push_weights.remote(1, [ray.put({"w": 1})]))["replicas"] == 0
+    assert ray.get(d.push_weights.remote(1, ObjectStorePayload(ray.put({"w": 1}))))["replicas"] == 0
     assert ray.get(blocked, timeout=10) == (2, 1)
     assert ray.get(d.acquire.remote(), timeout=10) == (3, 1)
     waiting = d.acquire.remote()  # the gate is full again
@@ -27,9 +29,9 @@ def test_push_waits_for_acks_and_drops_a_silent_replica(ray_cluster):
     assert ray.get(d.register_replica.remote("a")) == (0, 0, None)
     ray.get(d.register_replica.remote("b"))
     ray.get([d.ack.remote("a", 0), d.ack.remote("b", 0)])
-    push = d.push_weights.remote(1, [ray.put({"w": 2})])
+    push = d.push_weights.remote(1, ObjectStorePayload(ray.put({"w": 2})))
     serial, version, weights = ray.get(d.wait_for_weights.remote("a", 0, 5.0))
-    assert (serial, version) == (1, 1) and ray.get(weights[0]) == {"w": 2}
+    assert (serial, version) == (1, 1) and ray.get(weights.ref) == {"w": 2}
     ray.get(d.ack.remote("a", serial))  # "b" never acks
     rec = ray.get(push, timeout=10)
     assert rec["dropped"] == ["b"] and ray.get(d.version.remote()) == 1
@@ -47,7 +49,7 @@ def test_new_generation_pauses_until_restore_which_rolls_weights_back(ray_cluste
     ray.get(d.ack.remote("a", 0))
     assert [ray.get(d.acquire.remote(p)) for p in (0, 1)] == [(0, 0), (1, 0)]
     ray.get(d.finish.remote()), ray.get(d.finish.remote())
-    pushed = d.push_weights.remote(1, [ray.put({"w": 1})])
+    pushed = d.push_weights.remote(1, ObjectStorePayload(ray.put({"w": 1})))
     ray.get(d.ack.remote("a", 1))
     ray.get(pushed)
 
@@ -55,9 +57,10 @@ def test_new_generation_pauses_until_restore_which_rolls_weights_back(ray_cluste
     assert ray.get(d.acquire.remote(2, 0)) is None  # the old pipeline is cut off
     waiting = d.acquire.remote(2, gen)
     assert not ray.wait([waiting], timeout=0.5)[0]  # paused until restore
-    restored = d.restore.remote(0, 0, 0, [0], [ray.put({"w": 0})])  # roll back to version 0
+    rollback = ObjectStorePayload(ray.put({"w": 0}))
+    restored = d.restore.remote(0, 0, 0, [0], rollback)  # roll back to version 0
     serial, version, weights = ray.get(d.wait_for_weights.remote("a", 1, 5.0))
-    assert (serial, version) == (2, 0) and ray.get(weights[0]) == {"w": 0}
+    assert (serial, version) == (2, 0) and ray.get(weights.ref) == {"w": 0}
     assert not ray.wait([restored], timeout=0.3)[0]  # waits for the replica's ack
     ray.get(d.ack.remote("a", serial))
     assert ray.get(restored, timeout=10)["published"]
@@ -128,3 +131,36 @@ def test_replica_load_reports_are_kept_per_replica(ray_cluster):
     assert sorted(r["time"] for r in loads["a"]) == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert len(loads["b"]) == 1
     ray.kill(d)
+
+
+def test_the_driver_keeps_the_last_object_store_weights_past_the_trainer(ray_cluster):
+    d = Driver.remote(eta=1, batch_groups=1)
+    assert ray.get(d.latest_weights.remote()) == (0, None)  # the model on disk
+    ray.get(d.push_weights.remote(1, ObjectStorePayload(ray.put({"w": 1}))))
+    ray.get(d.close.remote())
+    version, refs = ray.get(d.latest_weights.remote())
+    assert version == 1 and ray.get(refs[0]) == {"w": 1}
+
+
+def test_close_republishes_the_final_weights_of_another_path(ray_cluster):
+    d = Driver.remote(eta=1, batch_groups=1)
+    ray.get(d.push_weights.remote(1, DiskPayload("/tmp/v1.safetensors")))
+    assert ray.get(d.latest_weights.remote()) == (1, None)  # not in the object store
+    ray.get(d.close.remote(ObjectStorePayload(ray.put({"w": 1}))))
+    serial, version, payload = ray.get(d.wait_for_weights.remote("late", 1, 5.0))
+    assert (serial, version) == (2, 1) and ray.get(payload.ref) == {"w": 1}
+    assert ray.get(ray.get(d.latest_weights.remote())[1][0]) == {"w": 1}
+
+
+def test_a_replica_registering_during_a_broadcast_does_not_hold_up_its_acks(ray_cluster):
+    d = Driver.remote(eta=1, batch_groups=1, push_timeout_s=10.0)
+    ray.get(d.register_replica.remote("a"))
+    ray.get(d.ack.remote("a", 0))
+    ray.get(d.set_weight_store.remote("127.0.0.1", 1234))
+    plan = ray.get(d.begin_push.remote(1, [TensorSpec("w", (1,), "float32")], 4096))
+    serial, _, payload = ray.get(d.register_replica.remote("late"))
+    assert isinstance(payload, CollectivePayload) and payload.ranks == {"a": 1}
+    assert serial == plan["serial"] and not payload.admits("late")
+    assert ray.get(d.replicas.remote())["late"] == serial  # counted as having loaded it
+    ray.get(d.ack.remote("a", serial))
+    assert ray.get(d.end_push.remote(1, serial), timeout=10)["dropped"] == []
