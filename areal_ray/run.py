@@ -141,21 +141,21 @@ def check_memory(cfg: Config, model_path: str) -> None:
     p = plan(cfg, DecoderShape.from_hf(AutoConfig.from_pretrained(model_path)))
     if not p["fits"]:
         raise ConfigError(
-            f"algo.max_tokens_per_mb={p['max_tokens_per_mb']} does not fit "
+            f"algo.microbatch.max_tokens={p['max_tokens_per_mb']} does not fit "
             f"train.gpu_memory_gib={p['gpu_gib']} with a {p['margin']:.0%} margin by the memory "
             f"model (GiB by part: {p['gib']}); the largest that fits is "
             f"{p['largest_max_tokens_per_mb']}, or set train.activation_checkpointing=true")
-    if cfg.algo.max_tokens_per_mb == 0:
-        cfg.algo.max_tokens_per_mb = p["largest_max_tokens_per_mb"]
+    if cfg.algo.microbatch.max_tokens == 0:
+        cfg.algo.microbatch.max_tokens = p["largest_max_tokens_per_mb"]
     print(f"[areal-ray] trainer memory per GPU by the model: {p['gib']['total']} GiB of "
-          f"{p['gpu_gib']} at max_tokens_per_mb={cfg.algo.max_tokens_per_mb}", flush=True)
+          f"{p['gpu_gib']} at algo.microbatch.max_tokens={cfg.algo.microbatch.max_tokens}", flush=True)
 
 
 def prompt_count(cfg: Config) -> int:
     """Prompts the pipeline needs: one per trained group, more when the dynamic filter
-    may drop some (`algo.filter_prompt_factor` per trained group)."""
+    may drop some (`algo.dynamic_filter.prompt_factor` per trained group)."""
     n = cfg.train.steps * cfg.algo.batch_groups
-    return math.ceil(n * cfg.algo.filter_prompt_factor) if cfg.algo.dynamic_filter else n
+    return math.ceil(n * cfg.algo.dynamic_filter.prompt_factor) if cfg.algo.dynamic_filter.enabled else n
 
 
 @off_event_loop

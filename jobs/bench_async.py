@@ -13,7 +13,7 @@ job (`run_training`, one after another on one Ray cluster):
   only once version t+1 is served, so generation waits for training and training
   for the slowest generation of its batch;
 * `decoupled`: decoupled PPO (proximal policy recomputed by the trainer);
-  `ppo`: plain PPO clipped around the behaviour logprobs (`algo.decoupled=false`).
+  `ppo`: plain PPO clipped around the behaviour logprobs (`algo.loss.decoupled=false`).
 
 Per arm: trained samples/s and tokens/s (steady state from the end of the first
 step, and end to end over the training phase), wall time, trainer idle fraction,
@@ -75,7 +75,7 @@ def arm_config(base: Config, eta: int, objective: str, run_dir: Path) -> Config:
     """One arm: the shared config with its eta and objective, evaluated after training."""
     cfg = copy.deepcopy(base)
     cfg.algo.eta = eta
-    cfg.algo.decoupled = objective == "decoupled"
+    cfg.algo.loss.decoupled = objective == "decoupled"
     cfg.run.name = f"{base.run.name}-eta{eta}-{objective}"
     cfg.run.run_dir = str(run_dir)
     cfg.run.eval_after = True

@@ -23,9 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_ray.config import BACKENDS, Config, ConfigError, opt, to_dict, validate
+from areal_ray.config import Config, ConfigError, RolloutBackend, opt, to_dict, validate
 from jobs.bench_async import machine
 from jobs.cli import bench_main
+
+BACKENDS = RolloutBackend.values()
 
 RUN_KEYS = ("wall_s", "train_s", "samples_per_s", "steady_samples_per_s",
             "generation_tokens_per_s", "rollout_idle_fraction", "trainer_idle_fraction",

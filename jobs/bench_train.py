@@ -63,9 +63,9 @@ def make_model(hidden: int, layers: int, max_len: int):
 
 def time_steps(seqs, overrides: list[str], hidden: int, layers: int, max_len: int,
                repeats: int) -> dict:
-    cfg = load_config(None, ["algo.lr=1e-5", *overrides])
+    cfg = load_config(None, ["algo.optim.lr=1e-5", *overrides])
     model = make_model(hidden, layers, max_len)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.optim.lr)
     m = Models(model, opt, make_scheduler(opt, repeats + 1, 0, "constant"))
     runs = []
     for _ in range(repeats + 1):
@@ -100,16 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     seqs = long_tail_batch(groups, group_size, max_len)
     lengths = sorted(len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)
     shape = (hidden, layers, max_len)
-    budget = f"algo.max_tokens_per_mb={4 * max_len}"
+    budget = f"algo.microbatch.max_tokens={4 * max_len}"
     res = {
-        "packed": time_steps(seqs, ["algo.pack=true", budget], *shape, repeats),
-        "padded": time_steps(seqs, ["algo.pack=false", budget], *shape, repeats),
+        "packed": time_steps(seqs, ["algo.microbatch.pack=true", budget], *shape, repeats),
+        "padded": time_steps(seqs, ["algo.microbatch.pack=false", budget], *shape, repeats),
         "minibatches4_recompute": time_steps(seqs, [
-            budget, "algo.ppo_minibatches=4", f"algo.batch_groups={groups}",
-            "algo.prox_logp=recompute"], *shape, repeats),
+            budget, "algo.optim.ppo_minibatches=4", f"algo.batch_groups={groups}",
+            "algo.loss.prox_logp=recompute"], *shape, repeats),
         "minibatches4_loglinear": time_steps(seqs, [
-            budget, "algo.ppo_minibatches=4", f"algo.batch_groups={groups}",
-            "algo.prox_logp=loglinear"], *shape, repeats),
+            budget, "algo.optim.ppo_minibatches=4", f"algo.batch_groups={groups}",
+            "algo.loss.prox_logp=loglinear"], *shape, repeats),
     }
     n_params = sum(p.numel() for p in make_model(*shape).parameters())
     report = {

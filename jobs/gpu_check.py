@@ -96,7 +96,7 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
             "", "bfloat16", device=dev, master_dtype="float32", attn_implementation=attn,
             activation_checkpointing=c.activation_checkpointing,
             build=lambda _p, dtype, **kw: random_decoder(hf, dtype, dev, kw.get("attn_implementation", "sdpa")))
-        cfg = load_config(None, [f"algo.max_tokens_per_mb={c.tokens}", "algo.batch_groups=4",
+        cfg = load_config(None, [f"algo.microbatch.max_tokens={c.tokens}", "algo.batch_groups=4",
                                  f"train.activation_checkpointing={c.activation_checkpointing}"])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
         m = Models(model, opt, make_scheduler(opt, 2, 0, "constant"))

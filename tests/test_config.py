@@ -1,30 +1,40 @@
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
 
-from areal_ray.config import ConfigError, help_lines, load_config
+from areal_ray.config import (AdvEstimator, Config, ConfigError, RolloutBackend, help_lines,
+                              load_config, to_dict, validate)
+from areal_ray.config.choices import Choice
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_yaml_and_overrides(tmp_path):
-    cfg = load_config("conf/quickstart.yaml", ["algo.eta=4", "algo.dual_clip=3.0"])
-    assert cfg.algo.eta == 4 and cfg.algo.dual_clip == 3.0
-    assert cfg.train.steps > 0
+    cfg = load_config("conf/quickstart.yaml", ["algo.eta=4", "algo.loss.dual_clip=3.0"])
+    assert cfg.algo.eta == 4 and cfg.algo.loss.dual_clip == 3.0
+    assert cfg.algo.optim.lr == 1e-4 and cfg.train.steps > 0
 
 
 @pytest.mark.parametrize("overrides,match", [
     (["algo.etaa=1"], "etaa"),
     (["algo.eta=abc"], "algo.eta"),
-    (["algo.eta=-1"], "algo.eta"),
     (["nonsense"], "key=value"),
-    (["rollout.min_replicas=3", "rollout.max_replicas=2"], "min_replicas"),
     (["algo.eta=[1,"], r"override 'algo.eta=\[1,': the value is not valid YAML"),
     (["algo.eta={"], "algo.eta={"),
+    # a section where a value was: the keys that moved into sub-sections name their new home
+    (["algo.dynamic_filter=true"], r"algo.dynamic_filter is a section.*algo.dynamic_filter.enabled"),
 ])
 def test_bad_input_is_a_clear_error(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+def test_errors_are_one_line_led_by_the_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algo.loss.eps_clip=wide"])
+    assert str(e.value).startswith("bad config (defaults): algo.loss.eps_clip: ")
+    assert "\n" not in str(e.value)
 
 
 def test_unknown_key_in_yaml_and_missing_file(tmp_path):
@@ -36,33 +46,115 @@ def test_unknown_key_in_yaml_and_missing_file(tmp_path):
         load_config(str(tmp_path / "missing.yaml"))
 
 
+# Every check of every section and across sections: (overrides, the key its error names).
+CHECKS = [
+    (["task.shuffle_window=0"], "task.shuffle_window must be >= 1"),
+    (["task.chain_p_stop=0"], r"task.chain_p_stop must be in \(0, 1\]"),
+    (["task.chain_p_stop=1.5"], r"task.chain_p_stop must be in \(0, 1\]"),
+    (["task.answer_field=''"], "task.answer_field must name"),
+    (["rollout.group_size=0"], "rollout.group_size must be >= 1"),
+    (["rollout.max_new_tokens=0"], "rollout.max_new_tokens must be >= 1"),
+    (["rollout.temperature=0"], "rollout.temperature must be > 0"),
+    (["rollout.min_replicas=0"], r"rollout.min_replicas <= rollout.max_replicas"),
+    (["rollout.min_replicas=3", "rollout.max_replicas=2"], r"rollout.min_replicas <= rollout.max_replicas"),
+    (["rollout.target_ongoing_requests=-1"], "rollout.target_ongoing_requests must be >= 0"),
+    (["reward.min_actors=0"], "reward.min_actors <= reward.max_actors"),
+    (["reward.min_actors=3", "reward.max_actors=2"], "reward.min_actors <= reward.max_actors"),
+    (["algo.eta=-1"], "algo.eta must be >= 0"),
+    (["algo.batch_groups=0"], "algo.batch_groups must be >= 1"),
+    (["algo.optim.ppo_minibatches=0"], r"algo.optim.ppo_minibatches must be in \[1, algo.batch_groups\]"),
+    (["algo.optim.ppo_minibatches=9", "algo.batch_groups=8"], "algo.optim.ppo_minibatches must be in"),
+    (["algo.optim.lr_warmup_steps=-1"], "algo.optim.lr_warmup_steps must be >= 0"),
+    (["algo.loss.dual_clip=1.0"], "algo.loss.dual_clip must be > 1 or null"),
+    (["algo.loss.kl_coef=-0.1"], "algo.loss.kl_coef must be >= 0"),
+    (["algo.dynamic_filter.prompt_factor=0.5"], "algo.dynamic_filter.prompt_factor must be >= 1"),
+    (["algo.microbatch.max_tokens=-1"], "algo.microbatch.max_tokens must be >= 0"),
+    (["train.num_workers=0"], "train.num_workers must be >= 1"),
+    (["train.steps=0"], "train.steps must be >= 1"),
+    (["train.checkpoint_every=-1"], "train.checkpoint_every must be >= 0"),
+    (["train.max_failures=-1"], "train.max_failures must be >= 0"),
+    (["train.logits_chunk_mb=0"], "train.logits_chunk_mb must be >= 1"),
+    (["train.gpu_memory_gib=-1"], "train.gpu_memory_gib must be >= 0"),
+    (["weights.bucket_mb=0"], "weights.bucket_mb must be >= 1"),
+    (["weights.timeout_s=0"], "weights.timeout_s must be > 0"),
+    (["run.resume=true"], "run.resume needs run.run_dir"),
+    (["run.register_model=m", "run.log_model=false"], "run.register_model needs run.log_model=true"),
+    (["eval.k=0"], "eval.k must be >= 1"),
+    (["eval.temperature=0"], "eval.temperature must be > 0"),
+    # across sections
+    (["algo.reward_shaping.overlong_tokens=96", "rollout.max_new_tokens=96"],
+     r"algo.reward_shaping.overlong_tokens must be in \[0, rollout.max_new_tokens\)"),
+    (["algo.reward_shaping.overlong_tokens=-1"], "algo.reward_shaping.overlong_tokens must be in"),
+    (["algo.microbatch.max_tokens=0"], "algo.microbatch.max_tokens=0 .* needs train.gpu_memory_gib"),
+    (["weights.backend=nccl", "rollout.num_gpus=1"], "weights.backend=nccl needs train.use_gpu=true"),
+    (["weights.backend=nccl", "train.use_gpu=true"], "weights.backend=nccl needs rollout.num_gpus > 0"),
+    (["model.attn_implementation=flash_attention_2"], "model.attn_implementation=.* needs train.use_gpu=true"),
+]
+
+
+@pytest.mark.parametrize("overrides,match", CHECKS, ids=[" ".join(o) for o, _ in CHECKS])
+def test_each_check_names_its_key(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, overrides)
+
+
+# Every named choice: a value off the list is refused by its type, naming the key and the list.
+CHOICES = [
+    ("rollout.backend", "tgi", "hf, vllm, sglang"),
+    ("rollout.batching", "dynamic", "continuous, static"),
+    ("rollout.router", "round_robin", "least_tokens, pow2"),
+    ("algo.adv.estimator", "magic", "grpo, dr_grpo, rloo, gae"),
+    ("algo.adv.norm", "group", "none, batch"),
+    ("algo.loss.importance_level", "word", "token, sequence"),
+    ("algo.loss.prox_logp", "guess", "recompute, loglinear"),
+    ("algo.loss.kl_estimator", "k4", "k1, k2, k3"),
+    ("algo.optim.lr_schedule", "step", "constant, linear, cosine"),
+    ("weights.path", "ftp", "auto, collective, shm, object_store, disk"),
+    ("weights.backend", "mpi", "gloo, nccl"),
+    ("train.master_dtype", "fp32", "'', 'float32', 'bfloat16', 'float16'"),
+]
+
+
+@pytest.mark.parametrize("key,bad,allowed", CHOICES, ids=[k for k, _, _ in CHOICES])
+def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}={bad}"])
+    msg = str(e.value)
+    assert f"{key}: " in msg and repr(bad) in msg and f"[{allowed}]" in msg, msg
+
+
+def test_choices_read_as_their_strings():
+    cfg = load_config(None, ["rollout.backend=vllm", "algo.adv.estimator=gae"])
+    assert cfg.rollout.backend == "vllm" and f"{cfg.rollout.backend}" == "vllm"
+    assert cfg.algo.adv.estimator is AdvEstimator.gae and {"gae": 1}[cfg.algo.adv.estimator] == 1
+    assert to_dict(cfg)["rollout"]["backend"] == "vllm" and type(to_dict(cfg)["rollout"]["backend"]) is str
+    for choice in Choice.__subclasses__():  # members are named by their values: the error lists them
+        assert [m.name for m in choice] == list(choice.values()), choice
+
+
+def test_a_config_changed_in_code_is_checked_too():
+    cfg = load_config(None)
+    cfg.rollout.backend = "tgi"
+    with pytest.raises(ConfigError, match=r"rollout.backend: .*expected one of \[hf, vllm, sglang\]"):
+        validate(cfg)
+    cfg.rollout.backend = "vllm"  # a plain string of a member is fine
+    assert validate(cfg).rollout.backend == RolloutBackend.vllm
+
+
+def _leaf_keys(cls, prefix=""):
+    for f in fields(cls):
+        if is_dataclass(f.default_factory):
+            yield from _leaf_keys(f.default_factory, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
 def test_every_key_has_help():
     lines = help_lines()
-    assert any(line.strip().startswith("algo.eta =") for line in lines)
+    keys = [line.split("=", 1)[0].strip() for line in lines]
+    assert keys == list(_leaf_keys(Config)) and "algo.loss.eps_clip" in keys and "algo.eta" in keys
     assert all("#" in line and line.split("#", 1)[1].strip() for line in lines)
-
-
-@pytest.mark.parametrize("overrides,match", [
-    (["algo.adv_estimator=magic"], "adv_estimator"),
-    (["algo.overlong_tokens=500", "rollout.max_new_tokens=96"], "overlong_tokens"),
-    (["rollout.backend=tgi"], "rollout.backend"),
-    (["rollout.batching=dynamic"], "rollout.batching"),
-    (["rollout.router=round_robin"], "rollout.router"),
-])
-def test_algorithm_choices_are_checked(overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        load_config(None, overrides)
-
-
-@pytest.mark.parametrize("overrides,match", [
-    (["weights.backend=nccl", "rollout.num_gpus=1"], "weights.backend=nccl needs train.use_gpu=true"),
-    (["weights.backend=nccl", "train.use_gpu=true"], "rollout.num_gpus"),
-    (["model.attn_implementation=flash_attention_2"], "train.use_gpu=true"),
-    (["train.master_dtype=fp32"], "train.master_dtype"),
-])
-def test_gpu_settings_must_fit_together(overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        load_config(None, overrides)
+    assert any(line.startswith("  algo.adv.estimator = 'grpo'    # advantages:") for line in lines)  # a value
 
 
 def test_gpu_settings_that_fit_are_accepted():
@@ -80,6 +172,14 @@ def test_every_shipped_config_loads(path):
     assert cfg.run.name and cfg.train.steps >= 1
 
 
+def test_moved_keys_in_a_shipped_config_arrive():
+    cfg = load_config(str(REPO / "conf" / "code_qwen_sglang.yaml"))
+    assert cfg.algo.dynamic_filter.enabled and cfg.algo.reward_shaping.overlong_tokens == 256
+    assert cfg.algo.loss.eps_clip_high == 0.28 and cfg.algo.microbatch.max_tokens == 16384
+    cfg = load_config(str(REPO / "conf" / "gsm8k_qwen_sglang.yaml"))
+    assert (cfg.algo.adv.norm, cfg.algo.reward_shaping.bias, cfg.algo.optim.weight_decay) == ("batch", -0.5, 0.017)
+
+
 def test_benchmark_config_loads():
     """conf/bench_*.yaml configure a benchmark: its keys, with a run config under `base`."""
     from jobs.bench_async import BenchAsyncConfig, check
@@ -89,12 +189,12 @@ def test_benchmark_config_loads():
 
 def test_a_yaml_syntax_error_in_a_file_names_the_file_and_line(tmp_path):
     bad = tmp_path / "broken.yaml"
-    bad.write_text("algo:\n  eta: 2\n  lr: [1,\n")
+    bad.write_text("algo:\n  eta: 2\n  batch_groups: [1,\n")
     with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML: .*\(line 4, column 1\)"):
         load_config(str(bad))
 
 
-@pytest.mark.parametrize("args", [["algo.eta=[1,"], ["--config", "{path}"]])
+@pytest.mark.parametrize("args", [["algo.eta=[1,"], ["--config", "{path}"], ["rollout.backend=tgi"]])
 def test_yaml_errors_exit_2_with_one_line(tmp_path, args):
     import subprocess
     import sys

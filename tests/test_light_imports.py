@@ -9,6 +9,7 @@ what they receive and look at sys.modules.
 
 import subprocess
 import sys
+from pathlib import Path
 
 import cloudpickle
 import torch
@@ -19,6 +20,8 @@ from areal_ray.data.stream import PromptDatasource, rows_stream
 from areal_ray.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.weight_payloads import CollectivePayload, DiskPayload, ShmPayload
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _unpickled_modules(obj) -> set[str]:
@@ -37,6 +40,21 @@ def test_relayed_objects_unpickle_without_torch():
     factory = PipelineFactory(stream, Config(), "d", "ns", "app", "Rollout")
     source = PromptDatasource(stream, "d", "ns")
     assert _unpickled_modules([Config(), train_loop_per_worker, factory, source, payloads]) == set()
+
+
+def _imported_modules(statement: str) -> set[str]:
+    code = (f"import sys; {statement}; "
+            "print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=REPO)
+    return set(out.stdout.decode().split())
+
+
+def test_the_config_and_the_job_command_line_import_without_torch():
+    """`python -m jobs.train --help` and a config error return at once: neither the
+    config package (every section, the choices) nor the jobs' command line pulls torch."""
+    assert _imported_modules("import areal_ray.config, areal_ray.config.choices, jobs.cli, jobs.train; "
+                             "from areal_ray.config import load_config; load_config('conf/quickstart.yaml')") == set()
+    assert _imported_modules("import areal_ray.config, torch") == {"torch"}  # the check can fail
 
 
 def test_the_check_sees_torch_when_it_is_there():

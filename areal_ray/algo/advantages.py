@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from areal_ray.choices import ADV_ESTIMATORS as ESTIMATORS
+from areal_ray.config.choices import AdvEstimator
+
+# gae is not one of them: the critic turns rewards into advantages (areal_ray/train/critic.py)
+ESTIMATORS = tuple(e for e in AdvEstimator.values() if e != AdvEstimator.gae)
 
 
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-5,

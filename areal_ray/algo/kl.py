@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from areal_ray.choices import KL_ESTIMATORS
+from areal_ray.config.choices import KlEstimator
+
+KL_ESTIMATORS = KlEstimator.values()
 KL_CLAMP = 10.0
 
 

@@ -6,7 +6,7 @@ asked for, so a machine needs only the engine it runs.
 
 from __future__ import annotations
 
-from areal_ray.config import BACKENDS
+from areal_ray.config.choices import RolloutBackend
 from areal_ray.rollout.engine import InferenceEngine
 
 
@@ -28,4 +28,4 @@ def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
     if backend == "sglang":
         from areal_ray.rollout.sglang_engine import SGLangEngine
         return SGLangEngine(model_path, dtype=dtype, **kwargs)
-    raise ValueError(f"rollout backend {backend!r} is not one of {BACKENDS}")
+    raise ValueError(f"rollout backend {backend!r} is not one of {RolloutBackend.values()}")

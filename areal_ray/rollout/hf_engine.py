@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from areal_ray.config import BATCHING
+from areal_ray.config.choices import Batching
 from areal_ray.rollout.engine import (
     GenerationRequest,
     GenerationResult,
@@ -84,8 +84,8 @@ class HFEngine:
                  dtype: str = "float32", version: int = 0, batching: str = "continuous",
                  max_cohorts: int = 4, merge_ratio: float = 0.5,
                  prefill_tokens: int = 4096):
-        if batching not in BATCHING:
-            raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
+        if batching not in Batching.values():
+            raise ValueError(f"batching {batching!r} is not one of {Batching.values()}")
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(

@@ -1,7 +1,7 @@
 """A step's sequences -> this rank's micro-batches, the same count on every rank.
 
 Whole prompt groups go to data-parallel ranks, balanced by tokens. Each rank then
-fills micro-batches up to `algo.max_tokens_per_mb` tokens: packed (one row of
+fills micro-batches up to `algo.microbatch.max_tokens` tokens: packed (one row of
 concatenated sequences, no padding; the default) by first-fit decreasing, or padded
 (right-padded rows) by longest-first greedy. Ranks agree on the micro-batch count by
 all-reduce; a rank with fewer sequences than bins runs an empty micro-batch as a

@@ -1,4 +1,4 @@
-"""The critic of PPO with GAE (`algo.adv_estimator=gae`).
+"""The critic of PPO with GAE (`algo.adv.estimator=gae`).
 
 The critic is the policy's architecture with a one-output token head
 (`AutoModelForTokenClassification`, num_labels=1), initialised from the same

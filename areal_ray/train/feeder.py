@@ -120,7 +120,7 @@ class StepAssembler:
                 raise RuntimeError(
                     f"the pipeline ended with step {step} incomplete ({len(take)}/"
                     f"{self.batch_groups} groups; {len(drop)} dropped by the dynamic filter"
-                    + ("; raise algo.filter_prompt_factor)" if drop else ")"))
+                    + ("; raise algo.dynamic_filter.prompt_factor)" if drop else ")"))
         self.cursor = t
         rejected = [self._verdicts.pop(d)[1] for d in drop]
         for d in drop:

@@ -3,7 +3,7 @@
 Start (every rank): build the policy on the worker's device (its GPU with
 `train.use_gpu`), then from the latest checkpoint's sharded state when Ray Train hands one back
 (a restart after a failure, or a resumed run), its optimizer and LR schedule, the
-frozen reference model (kl_coef > 0) and the critic (GAE); restore their states.
+frozen reference model (algo.loss.kl_coef > 0) and the critic (GAE); restore their states.
 Rank 0 then gives the driver this run's starting point (version, next ticket,
 rejected count, consumed prompts, and the weights when the replicas serve others),
 which re-opens the staleness gate for the fresh pipeline.
@@ -56,9 +56,10 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
     "advantage" is the shaped outcome reward; the critic turns it into per-token ones."""
     rewards = torch.tensor([[s.reward or 0.0 for s in g.samples] for g in groups])
     lengths = torch.tensor([[len(s.output_ids) for s in g.samples] for g in groups])
-    shaped = shape_rewards(rewards, algo.reward_bias, algo.reward_scale, algo.reward_clip,
-                           lengths, max_new_tokens, algo.overlong_tokens, algo.overlong_factor)
-    adv = shaped if algo.adv_estimator == "gae" else advantages(shaped, algo.adv_estimator)
+    rs = algo.reward_shaping
+    shaped = shape_rewards(rewards, rs.bias, rs.scale, rs.clip,
+                           lengths, max_new_tokens, rs.overlong_tokens, rs.overlong_factor)
+    adv = shaped if algo.adv.estimator == "gae" else advantages(shaped, algo.adv.estimator)
     seqs = []
     for gi, g in enumerate(groups):
         for si, s in enumerate(g.samples):
@@ -88,16 +89,17 @@ def build_models(cfg: Config, model_path: str, policy_path: str) -> Models:
     policy = load_sharded_model(policy_path, cfg.model.dtype, attn_implementation=attn, device=dev,
                                 master_dtype=master,
                                 activation_checkpointing=cfg.train.activation_checkpointing)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay,
+    optim = cfg.algo.optim
+    opt = torch.optim.AdamW(policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
                             betas=(0.9, 0.95), eps=1e-8)
-    m = Models(policy, opt, make_scheduler(opt, cfg.train.steps, cfg.algo.lr_warmup_steps,
-                                           cfg.algo.lr_schedule))
-    if cfg.algo.kl_coef > 0:  # the reference is the initial model, also after a resume
+    m = Models(policy, opt, make_scheduler(opt, cfg.train.steps, optim.lr_warmup_steps,
+                                           optim.lr_schedule))
+    if cfg.algo.loss.kl_coef > 0:  # the reference is the initial model, also after a resume
         m.ref = load_sharded_model(model_path, cfg.model.dtype, trainable=False,
                                    attn_implementation=attn, device=dev)
-    if cfg.algo.adv_estimator == "gae":
+    if cfg.algo.adv.estimator == "gae":
         m.critic = load_critic(model_path, cfg.model.dtype, attn, device=dev, master_dtype=master)
-        m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=cfg.algo.critic_lr,
+        m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=cfg.algo.critic.lr,
                                          betas=(0.9, 0.95), eps=1e-8)
     return m
 
@@ -132,7 +134,8 @@ def train_loop_per_worker(config: dict) -> None:
     assembler = StepAssembler(
         ShardFeeder(ray.train.get_dataset_shard("train")), cfg.algo.batch_groups,
         distributed=dist.is_initialized(),
-        accept=informative if cfg.algo.dynamic_filter else None, next_ticket=state["next_ticket"],
+        accept=informative if cfg.algo.dynamic_filter.enabled else None,
+        next_ticket=state["next_ticket"],
         on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
     rejected = state["rejected"]
     pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"])

@@ -11,7 +11,7 @@ a GPU. What it leaves out (allocator fragmentation, NCCL buffers, transient grad
 beyond one layer) is what `margin` is for.
 
 `plan()` gives, for a run config and a model config, the bytes by part, whether
-`algo.max_tokens_per_mb` fits `train.gpu_memory_gib`, and the largest budget that does.
+`algo.microbatch.max_tokens` fits `train.gpu_memory_gib`, and the largest budget that does.
 """
 
 from __future__ import annotations
@@ -155,17 +155,17 @@ def max_tokens(budget_bytes: int, **kwargs) -> int:
 
 def plan(cfg, shape: DecoderShape, gpu_gib: float | None = None, margin: float = 0.1) -> dict:
     """The memory plan of run config `cfg` for a model of `shape` on GPUs of `gpu_gib`
-    (default `train.gpu_memory_gib`): the model's bytes by part at `algo.max_tokens_per_mb`,
+    (default `train.gpu_memory_gib`): the model's bytes by part at `algo.microbatch.max_tokens`,
     the largest budget that leaves `margin` of the GPU free, and whether the config fits."""
     gpu_gib = gpu_gib or cfg.train.gpu_memory_gib
     kwargs = dict(s=shape, world=cfg.train.num_workers,
                   compute_bytes=DTYPE_BYTES[cfg.model.dtype],
                   master_bytes=DTYPE_BYTES[cfg.train.master_dtype or cfg.model.dtype],
                   checkpointing=cfg.train.activation_checkpointing,
-                  chunk_bytes=cfg.train.logits_chunk_mb << 20, reference=cfg.algo.kl_coef > 0)
+                  chunk_bytes=cfg.train.logits_chunk_mb << 20, reference=cfg.algo.loss.kl_coef > 0)
     budget = int(gpu_gib * GIB * (1 - margin))
     best = max_tokens(budget, **kwargs)
-    tokens = cfg.algo.max_tokens_per_mb or best
+    tokens = cfg.algo.microbatch.max_tokens or best
     mem = trainer_memory(tokens=tokens, **kwargs)
     return {"gpu_gib": gpu_gib, "margin": margin, "max_tokens_per_mb": tokens,
             "fits": mem.total <= budget, "largest_max_tokens_per_mb": best,

@@ -3,15 +3,15 @@
 Given the step's flattened sequences (each with its scalar advantage, or for GAE its
 shaped outcome reward), every rank takes its share and:
   1. builds micro-batches under a token budget (packed by default), the same count on
-     every rank, split into `algo.ppo_minibatches` PPO minibatches;
+     every rank, split into `algo.optim.ppo_minibatches` PPO minibatches;
   2. GAE only: the critic's values -> per-token advantages and returns;
-     `adv_norm=batch` then normalises advantages over the whole batch (all ranks);
+     `algo.adv.norm=batch` then normalises advantages over the whole batch (all ranks);
   3. proximal logprobs pi_prox (the weights before this batch's first update): with
      one minibatch the loss forward runs on exactly those weights, so its detached
      logprobs *are* pi_prox and no extra pass is needed; with several, they are
      recomputed by a no-grad forward up front, or approximated log-linearly from the
      behaviour logprobs and the current ones (AReaL's `loglinear`, no extra pass);
-  4. with `kl_coef > 0`, reference logprobs from the frozen initial model;
+  4. with `algo.loss.kl_coef > 0`, reference logprobs from the frozen initial model;
   5. per minibatch: decoupled PPO loss normalised by the minibatch's global token
      count, one optimizer step; then one critic step on the value loss.
 
@@ -78,17 +78,17 @@ def normalize_advantages(mbs: list) -> None:
 
 
 def _proximal(mb: dict, logp: torch.Tensor, cfg, minibatch: int, version: int) -> torch.Tensor:
-    if not cfg.algo.decoupled:  # plain PPO: the clip is centred on the behaviour policy
+    if not cfg.algo.loss.decoupled:  # plain PPO: the clip is centred on the behaviour policy
         return mb["behavior_logprobs"]
     if "proximal_logprobs" in mb:
         return mb["proximal_logprobs"]
-    if minibatch > 0 and cfg.algo.prox_logp == "loglinear":
+    if minibatch > 0 and cfg.algo.loss.prox_logp == "loglinear":
         return loglinear_proximal_logprobs(logp, mb["behavior_logprobs"], mb["versions"], version)
     return logp.detach()  # the first minibatch runs on exactly the proximal weights
 
 
 def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> dict:
-    """One batch of `algo.ppo_minibatches` optimizer steps at policy `version`."""
+    """One batch of `algo.optim.ppo_minibatches` optimizer steps at policy `version`."""
     algo, temp = cfg.algo, cfg.rollout.temperature
     chunk = cfg.train.logits_chunk_mb << 20
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -98,21 +98,22 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
     # The whole step's micro-batches go there at once: packed for flash-attention they
     # are a few vectors of T entries (sdpa's block mask is T x T: use flash on GPUs).
     dev = model_device(m.policy)
-    minis = [[to_device(mb, dev) for mb in build_microbatches(part, algo.max_tokens_per_mb,
-                                                              algo.pack, pad_id, varlen)]
-             for part in split_minibatches(rank_share(seqs, rank, world), algo.ppo_minibatches)]
+    minis = [[to_device(mb, dev) for mb in build_microbatches(part, algo.microbatch.max_tokens,
+                                                              algo.microbatch.pack, pad_id, varlen)]
+             for part in split_minibatches(rank_share(seqs, rank, world), algo.optim.ppo_minibatches)]
     flat = [mb for mbs in minis for mb in mbs]
     timings = {}
 
     t = time.perf_counter()
     if m.critic is not None:
-        _each(m.critic, flat, pad_id, lambda mb: write_gae_targets(m.critic, mb, algo.gamma, algo.gae_lambda))
-    if algo.adv_norm == "batch":
+        _each(m.critic, flat, pad_id,
+              lambda mb: write_gae_targets(m.critic, mb, algo.adv.gamma, algo.adv.gae_lambda))
+    if algo.adv.norm == "batch":
         normalize_advantages(flat)
     timings["values_s"] = time.perf_counter() - t
 
     timings["prox_s"] = 0.0
-    if algo.decoupled and len(minis) > 1 and algo.prox_logp == "recompute":
+    if algo.loss.decoupled and len(minis) > 1 and algo.loss.prox_logp == "recompute":
         t = time.perf_counter()
         _each(m.policy, flat, pad_id,
               lambda mb: mb.__setitem__("proximal_logprobs", forward_logprobs(m.policy, mb, temp, chunk)))
@@ -137,12 +138,12 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
             logp = forward_logprobs(m.policy, mb, temp, chunk)
             loss, stats = decoupled_ppo_loss(
                 logp, _proximal(mb, logp, cfg, k, version), mb["behavior_logprobs"],
-                mb["advantages"], mb["loss_mask"], eps_clip=algo.eps_clip,
-                eps_clip_high=algo.eps_clip_high, dual_clip=algo.dual_clip,
-                behav_imp_weight_cap=algo.behav_imp_weight_cap, normalizer=global_tokens,
-                level=algo.importance_level, seq_ids=mb["seq_ids"],
-                ref_logprobs=mb.get("ref_logprobs"), kl_coef=algo.kl_coef,
-                kl_estimator=algo.kl_estimator)
+                mb["advantages"], mb["loss_mask"], eps_clip=algo.loss.eps_clip,
+                eps_clip_high=algo.loss.eps_clip_high, dual_clip=algo.loss.dual_clip,
+                behav_imp_weight_cap=algo.loss.behav_imp_weight_cap, normalizer=global_tokens,
+                level=algo.loss.importance_level, seq_ids=mb["seq_ids"],
+                ref_logprobs=mb.get("ref_logprobs"), kl_coef=algo.loss.kl_coef,
+                kl_estimator=algo.loss.kl_estimator)
             # FSDP averages gradients over ranks; the loss is already a global token mean.
             (loss * world).backward()
             w = float(stats["n_tokens"])
@@ -151,7 +152,7 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
             for key in POLICY_STATS:
                 sums[key] = sums.get(key, 0.0) + float(stats[key]) * w
             sums["behav_weight_max"] = max(sums["behav_weight_max"], float(stats["behav_weight_max"]))
-        grad_norms.append(_clip(m.policy, algo.max_grad_norm))
+        grad_norms.append(_clip(m.policy, algo.optim.max_grad_norm))
         m.opt.step()
     lr = m.sched.get_last_lr()[0]
     m.sched.step()
@@ -181,11 +182,11 @@ def critic_step(m: Models, flat: list, algo, pad_id: int, world: int) -> dict:
             (empty_forward(m.critic, pad_id) * world).backward()
             continue
         loss, stats = value_loss(forward_values(m.critic, mb), mb["old_values"], mb["returns"],
-                                 mb["loss_mask"], value_clip=algo.value_clip, normalizer=n_tok)
+                                 mb["loss_mask"], value_clip=algo.critic.value_clip, normalizer=n_tok)
         (loss * world).backward()
         total += loss.item()
         clipped += float(stats["value_clip_frac"]) * float(mb["loss_mask"].sum())
-    _clip(m.critic, algo.max_grad_norm)
+    _clip(m.critic, algo.optim.max_grad_norm)
     m.critic_opt.step()
     total, clipped = all_reduce([total, clipped])
     return {"value_loss": total, "value_clip_frac": clipped / max(n_tok, 1.0)}

@@ -10,7 +10,7 @@ from areal_ray.algo.advantages import (
     rloo_advantages,
     shape_rewards,
 )
-from areal_ray.choices import ADV_NORMS
+from areal_ray.config.choices import AdvNorm
 
 
 def test_group_normalised_by_hand():
@@ -82,7 +82,7 @@ def test_batch_normalize_by_hand():
 def test_batch_normalize_degenerate_and_dispatch():
     assert normalize(torch.tensor([4.0, 5.0]), torch.tensor([1, 0])).tolist() == [0.0, 0.0]
     assert normalize(torch.tensor([4.0]), torch.tensor([0])).tolist() == [0.0]
-    assert ADV_NORMS == ("none", "batch")
+    assert AdvNorm.values() == ("none", "batch")
 
 
 def test_normalize_over_parts_equals_normalize_over_the_whole():

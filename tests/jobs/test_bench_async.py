@@ -68,7 +68,7 @@ def test_bench_async_runs_every_arm(ray_cluster, embedded_model, tmp_path, capsy
     for a in arms:
         config = json.loads((tmp_path / a["run_dir"] / "config.json").read_text())
         assert config["algo"]["eta"] == a["eta"]
-        assert config["algo"]["decoupled"] == (a["objective"] == "decoupled")
+        assert config["algo"]["loss"]["decoupled"] == (a["objective"] == "decoupled")
         assert a["n_samples"] == 3 * 4 * 4  # the same trained samples in every arm
         assert a["max_staleness"] <= a["eta"]
         assert 0 <= a["trainer_idle_fraction"] <= 1 and 0 <= a["eval_accuracy_after"] <= 1

@@ -99,9 +99,9 @@ def test_dynamic_filter_trains_only_informative_groups(ray_cluster, embedded_mod
     refilled, every step still trains B groups with signal, within the bound."""
     cfg = load_config("conf/quickstart.yaml", [
         f"model.path={embedded_model}", "algo.eta=1", f"algo.batch_groups={B}", "train.steps=3",
-        "rollout.group_size=8", "algo.dynamic_filter=true",
+        "rollout.group_size=8", "algo.dynamic_filter.enabled=true",
         # most groups of the tiny model agree (all wrong); 4x prompts ran out once
-        "algo.filter_prompt_factor=8",
+        "algo.dynamic_filter.prompt_factor=8",
         "run.eval_before=false", "task.n_eval=8", f"run.run_dir={tmp_path / 'run'}",
         f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
     run_training(cfg)

@@ -54,7 +54,7 @@ def test_master_dtype_keeps_fp32_weights_and_computes_in_bf16(random_model_dir, 
 def test_train_step_on_a_sharded_mixed_precision_model(random_model_dir, one_rank_group):
     model = load_sharded_model(random_model_dir, "bfloat16", master_dtype="float32")
     before = {k: v.clone() for k, v in full_state_dict(model).items()}
-    cfg = load_config(None, ["algo.max_tokens_per_mb=64"])
+    cfg = load_config(None, ["algo.microbatch.max_tokens=64"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     seqs = [dict(s, ticket=t) for t in range(2) for s in make_seqs(3, seed=t)]
     stats = train_step(Models(model, opt, make_scheduler(opt, 10, 0, "constant")), seqs, cfg, 0, 0)

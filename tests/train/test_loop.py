@@ -22,7 +22,7 @@ def make_groups(engine, rewards_per_group, version=0):
 def test_flatten_groups_advantages_and_staleness(random_model_dir):
     engine = HFEngine(random_model_dir)
     groups = make_groups(engine, [[1.0, 0.0], [1.0, 1.0]], version=2)
-    algo = load_config(None, ["algo.adv_estimator=dr_grpo"]).algo
+    algo = load_config(None, ["algo.adv.estimator=dr_grpo"]).algo
     seqs = flatten_groups(groups, algo, max_new_tokens=8, trained_version=5)
     assert [s["advantage"] for s in seqs] == [0.5, -0.5, 0.0, 0.0]
     assert {s["staleness"] for s in seqs} == {3}
@@ -36,6 +36,6 @@ def test_informative_is_the_dynamic_filter(random_model_dir):
 
 def test_gae_passes_shaped_outcome_rewards_to_the_critic(random_model_dir):
     engine = HFEngine(random_model_dir)
-    algo = load_config(None, ["algo.adv_estimator=gae", "algo.reward_bias=-0.5"]).algo
+    algo = load_config(None, ["algo.adv.estimator=gae", "algo.reward_shaping.bias=-0.5"]).algo
     seqs = flatten_groups(make_groups(engine, [[1.0, 0.0]]), algo, 8, 0)
     assert [s["advantage"] for s in seqs] == [0.5, -0.5]

@@ -70,7 +70,7 @@ def test_shipped_gpu_configs_fit_their_gpus_with_margin(path, qwen_config):
     assert cfg.train.gpu_memory_gib > 0  # the GPU the config is written for
     p = plan(cfg, DecoderShape.from_hf(qwen_config))
     assert p["fits"] and p["margin"] >= 0.1, p
-    assert cfg.algo.max_tokens_per_mb <= p["largest_max_tokens_per_mb"]
+    assert cfg.algo.microbatch.max_tokens <= p["largest_max_tokens_per_mb"]
 
 
 def test_the_first_versions_configs_did_not_fit(qwen_config):
@@ -86,8 +86,8 @@ def test_the_job_refuses_a_budget_that_does_not_fit_and_picks_one_when_asked():
     base = ["train.activation_checkpointing=false", "train.gpu_memory_gib=40"]
     with pytest.raises(ConfigError, match="does not fit train.gpu_memory_gib=40.*largest that fits is 7585"):
         check_memory(load_config("conf/gsm8k_qwen_sglang.yaml", base), QWEN_1_5B)
-    cfg = load_config("conf/gsm8k_qwen_sglang.yaml", base + ["algo.max_tokens_per_mb=0"])
+    cfg = load_config("conf/gsm8k_qwen_sglang.yaml", base + ["algo.microbatch.max_tokens=0"])
     check_memory(cfg, QWEN_1_5B)
-    assert cfg.algo.max_tokens_per_mb == 7585
+    assert cfg.algo.microbatch.max_tokens == 7585
     with pytest.raises(ConfigError, match="needs train.gpu_memory_gib"):
-        load_config("conf/quickstart.yaml", ["algo.max_tokens_per_mb=0"])
+        load_config("conf/quickstart.yaml", ["algo.microbatch.max_tokens=0"])

@@ -33,8 +33,8 @@ def test_packed_and_padded_steps_give_the_same_update(random_model_dir):
     for packed in (True, False):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(random_model_dir)
-        cfg = load_config(None, [f"algo.pack={packed}", "algo.max_tokens_per_mb=64", "algo.lr=1e-2"])
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.algo.lr)
+        cfg = load_config(None, [f"algo.microbatch.pack={packed}", "algo.microbatch.max_tokens=64", "algo.optim.lr=1e-2"])
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.algo.optim.lr)
         stats = train_step(models(model, opt), copy.deepcopy(seqs), cfg, pad_id=0, version=0)
         results.append((stats, {k: v.detach().clone() for k, v in model.state_dict().items()}))
     (s_pack, w_pack), (s_pad, w_pad) = results
@@ -55,7 +55,7 @@ def test_one_minibatch_uses_the_loss_forward_as_pi_prox_exactly(random_model_dir
         prox = packed_token_logprobs(model, mb)
         expected, _ = decoupled_ppo_loss(prox, prox, mb["behavior_logprobs"], mb["advantages"],
                                          mb["loss_mask"], behav_imp_weight_cap=5.0)
-    cfg = load_config(None, ["algo.ppo_minibatches=1"])
+    cfg = load_config(None, ["algo.optim.ppo_minibatches=1"])
     forwards = count_forwards(model)
     stats = train_step(models(model, torch.optim.SGD(model.parameters(), lr=0.0)), seqs, cfg, 0, 0)
     assert abs(stats["loss"] - expected.item()) < 1e-6
@@ -67,7 +67,8 @@ def test_several_minibatches_recompute_or_approximate_pi_prox(random_model_dir, 
     seqs = [dict(s, ticket=t) for t in range(4) for s in make_seqs(2, seed=t)]
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = load_config(None, ["algo.ppo_minibatches=2", "algo.batch_groups=4", f"algo.prox_logp={prox}"])
+    cfg = load_config(None, ["algo.optim.ppo_minibatches=2", "algo.batch_groups=4",
+                             f"algo.loss.prox_logp={prox}"])
     forwards = count_forwards(model)
     stats = train_step(models(model, torch.optim.SGD(model.parameters(), lr=1e-1)), seqs, cfg, 0, 0)
     assert len(forwards) == stats["n_microbatches"] + extra_forwards
@@ -76,21 +77,21 @@ def test_several_minibatches_recompute_or_approximate_pi_prox(random_model_dir, 
 
 
 @pytest.mark.parametrize("overrides", [
-    [], ["algo.adv_estimator=rloo"], ["algo.importance_level=sequence"],
-    ["algo.kl_coef=0.1"], ["algo.adv_estimator=gae"], ["algo.adv_norm=batch"],
+    [], ["algo.adv.estimator=rloo"], ["algo.loss.importance_level=sequence"],
+    ["algo.loss.kl_coef=0.1"], ["algo.adv.estimator=gae"], ["algo.adv.norm=batch"],
 ], ids=["grpo", "rloo", "gspo", "kl", "gae", "adv_norm"])
 def test_each_recipe_raises_the_logprob_of_the_rewarded_sample(random_model_dir, overrides):
     torch.manual_seed(0)
     engine = HFEngine(random_model_dir)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    cfg = load_config(None, ["algo.lr=1e-2", "algo.critic_lr=1e-2", *overrides])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.lr)
+    cfg = load_config(None, ["algo.optim.lr=1e-2", "algo.critic.lr=1e-2", *overrides])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algo.optim.lr)
     m = models(model, opt)
-    if cfg.algo.kl_coef > 0:
+    if cfg.algo.loss.kl_coef > 0:
         m.ref = AutoModelForCausalLM.from_pretrained(random_model_dir).requires_grad_(False)
-    if cfg.algo.adv_estimator == "gae":
+    if cfg.algo.adv.estimator == "gae":
         m.critic = load_critic(random_model_dir)
-        m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=cfg.algo.critic_lr)
+        m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=cfg.algo.critic.lr)
         critic_before = {k: v.clone() for k, v in m.critic.state_dict().items()}
     seqs = flatten_groups(make_groups(engine, [[1.0, 0.0, 0.0, 0.0]]), cfg.algo, 8, 0)
 
@@ -105,10 +106,10 @@ def test_each_recipe_raises_the_logprob_of_the_rewarded_sample(random_model_dir,
     assert after[0] > before[0]  # the rewarded sample became more likely
     assert abs(stats["behav_weight_mean"] - 1.0) < 1e-3  # fresh samples: pi_prox == pi_behav
     assert stats["n_microbatches"] == 1 and stats["grad_norm"] > 0
-    if cfg.algo.kl_coef > 0:
+    if cfg.algo.loss.kl_coef > 0:
         assert stats["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # pi_theta == pi_ref before the step
         assert train_step(m, seqs, cfg, engine.pad_id, version=1)["kl_ref"] > 0
-    if cfg.algo.adv_estimator == "gae":
+    if cfg.algo.adv.estimator == "gae":
         assert stats["value_loss"] > 0
         assert any(not torch.equal(critic_before[k], v) for k, v in m.critic.state_dict().items())
 

@@ -1,0 +1,106 @@
+"""`algo.*`: the RL algorithm, one sub-section per concern.
+
+`algo.eta` and `algo.batch_groups` stay at the top: they are the run's shape (how far
+rollout may run ahead, how much one step trains on). The rest is grouped by what a
+user tunes together: the PPO loss, advantages, the critic, the optimizer, reward
+shaping, DAPO's dynamic filter and micro-batching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from areal_ray.config.choices import (AdvEstimator, AdvNorm, ImportanceLevel, KlEstimator,
+                                      LrSchedule, ProxLogp)
+from areal_ray.config.section import opt, require, section
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    decoupled: bool = opt(True, "decoupled PPO (recomputed proximal policy); false: plain PPO on behaviour logprobs")
+    eps_clip: float = opt(0.2, "PPO clip epsilon (low side)")
+    eps_clip_high: Optional[float] = opt(None, "PPO clip epsilon, high side (DAPO clip-higher); null: eps_clip")
+    dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1; null: off")
+    behav_imp_weight_cap: Optional[float] = opt(5.0, "mask tokens whose pi_prox/pi_behav exceeds this; null: no cap")
+    importance_level: ImportanceLevel = opt(ImportanceLevel.token, "PPO ratio per token, or per sequence (GSPO: geometric mean over the sequence)")
+    prox_logp: ProxLogp = opt(ProxLogp.recompute, "proximal logprobs with several minibatches: recompute (a no-grad forward) | loglinear (AReaL's approximation)")
+    kl_coef: float = opt(0.0, "weight of a KL(pi_theta || pi_ref) loss term against the initial model; 0: no reference model")
+    kl_estimator: KlEstimator = opt(KlEstimator.k3, "KL estimator for kl_coef: k1 | k2 | k3")
+
+    def check(self) -> None:
+        require(self.dual_clip is None or self.dual_clip > 1, "algo.loss.dual_clip must be > 1 or null")
+        require(self.kl_coef >= 0, "algo.loss.kl_coef must be >= 0")
+
+
+@dataclass(kw_only=True)
+class AdvantageConfig:
+    estimator: AdvEstimator = opt(AdvEstimator.grpo, "advantages: grpo (group mean/std), dr_grpo (group mean), rloo (leave-one-out), gae (PPO with a critic)")
+    norm: AdvNorm = opt(AdvNorm.none, "extra advantage normalisation after the estimator: none | batch (mean/std over the batch's tokens)")
+    gamma: float = opt(1.0, "GAE discount (estimator=gae)")
+    gae_lambda: float = opt(1.0, "GAE lambda (estimator=gae)")
+
+
+@dataclass(kw_only=True)
+class CriticConfig:
+    lr: float = opt(1e-4, "critic AdamW learning rate (algo.adv.estimator=gae)")
+    value_clip: Optional[float] = opt(0.2, "critic value clipping around the old values; null: off")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    lr: float = opt(1e-4, "AdamW learning rate")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm")
+    lr_warmup_steps: int = opt(0, "linear learning-rate warm-up steps")
+    lr_schedule: LrSchedule = opt(LrSchedule.constant, "after warm-up: constant | linear | cosine (decay to 0 at train.steps)")
+    ppo_minibatches: int = opt(1, "optimizer steps per training batch (PPO minibatches)")
+
+    def check(self) -> None:
+        require(self.lr_warmup_steps >= 0, "algo.optim.lr_warmup_steps must be >= 0")
+
+
+@dataclass(kw_only=True)
+class RewardShapingConfig:
+    bias: float = opt(0.0, "reward transform r' = clip((r + bias) * scale)")
+    scale: float = opt(1.0, "reward transform scale")
+    clip: Optional[float] = opt(None, "reward transform clip |r'| <= clip; null: none")
+    overlong_tokens: int = opt(0, "DAPO overlong penalty ramp (tokens before rollout.max_new_tokens); 0: off")
+    overlong_factor: float = opt(1.0, "DAPO overlong penalty at rollout.max_new_tokens")
+
+
+@dataclass(kw_only=True)
+class DynamicFilterConfig:
+    enabled: bool = opt(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and roll out replacements")
+    prompt_factor: float = opt(4.0, "prompts supplied per trained group while the filter is on")
+
+    def check(self) -> None:
+        require(self.prompt_factor >= 1, "algo.dynamic_filter.prompt_factor must be >= 1")
+
+
+@dataclass(kw_only=True)
+class MicrobatchConfig:
+    max_tokens: int = opt(8192, "token budget of one micro-batch; 0: the largest that fits train.gpu_memory_gib by the memory model (docs/gpu.md)")
+    pack: bool = opt(True, "padding-free packed micro-batches (false: right-padded rows)")
+
+    def check(self) -> None:
+        require(self.max_tokens >= 0, "algo.microbatch.max_tokens must be >= 0")
+
+
+@dataclass(kw_only=True)
+class AlgoConfig:
+    eta: int = opt(2, "staleness bound: max versions between a sample's oldest token and training; 0 = synchronous")
+    batch_groups: int = opt(8, "prompt groups per training step (B)")
+    loss: LossConfig = section(LossConfig, "the PPO objective")
+    adv: AdvantageConfig = section(AdvantageConfig, "advantage estimation")
+    critic: CriticConfig = section(CriticConfig, "the value model of adv.estimator=gae")
+    optim: OptimConfig = section(OptimConfig, "the policy's optimizer and learning-rate schedule")
+    reward_shaping: RewardShapingConfig = section(RewardShapingConfig, "transforms of the verifier's reward before advantages")
+    dynamic_filter: DynamicFilterConfig = section(DynamicFilterConfig, "DAPO dynamic sampling")
+    microbatch: MicrobatchConfig = section(MicrobatchConfig, "how a step's samples are cut into forward/backward passes")
+
+    def check(self) -> None:
+        require(self.eta >= 0, "algo.eta must be >= 0")
+        require(self.batch_groups >= 1, "algo.batch_groups must be >= 1")
+        require(1 <= self.optim.ppo_minibatches <= self.batch_groups,
+                "algo.optim.ppo_minibatches must be in [1, algo.batch_groups]")

@@ -1,0 +1,23 @@
+"""`reward.*`: the reward actor pool (Ray Data actors) and the bounds of each check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_ray.config.section import opt, require
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    checkers: dict = opt({}, "extra reward checkers: verifier name (a row's `verifier` field) -> dotted path of a checker class; math and code are built in")
+    min_actors: int = opt(1, "reward actor pool: fewest actors (Ray Data autoscaling)")
+    max_actors: int = opt(2, "reward actor pool: most actors")
+    scale_down: bool = opt(False, "let Ray Data retire idle reward actors mid-run (off: bursty load makes it churn)")
+    num_cpus: float = opt(0.25, "CPUs reserved per reward actor")
+    timeout_s: float = opt(5.0, "wall-clock bound of one math check; past it the reward is 0")
+    code_timeout_s: float = opt(30.0, "wall-clock bound of one code check (all its tests)")
+    code_time_limit_s: float = opt(2.0, "per-test wall and CPU limit of sandboxed code")
+    code_memory_limit_mb: int = opt(512, "per-test address-space limit of sandboxed code")
+
+    def check(self) -> None:
+        require(1 <= self.min_actors <= self.max_actors, "need 1 <= reward.min_actors <= reward.max_actors")

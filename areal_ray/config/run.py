@@ -1,0 +1,28 @@
+"""`run.*`: the run as a whole: its name and outputs, the Ray cluster it joins, MLflow,
+evals around training, and resuming."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_ray.config.section import opt, require
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    name: str = opt("quickstart", "run name (MLflow run name, run_dir default)")
+    run_dir: str = opt("", "where steps.jsonl and summary.json go; empty: runs/<name>-<time>")
+    ray_address: str = opt("", "Ray cluster to join; empty: the job's cluster or a new local one")
+    num_cpus: int = opt(0, "logical CPUs of a local cluster this job starts; 0: Ray's default")
+    mlflow_tracking_uri: str = opt("", "MLflow tracking URI; empty: sqlite store under ./mlruns")
+    mlflow_experiment: str = opt("areal-ray", "MLflow experiment name")
+    log_model: bool = opt(True, "log the final model (HF format) as the MLflow run's `model` artifacts")
+    register_model: str = opt("", "also register it in the MLflow model registry under this name; empty: don't")
+    eval_before: bool = opt(True, "greedy eval on the held-out split before training")
+    eval_after: bool = opt(True, "greedy eval on the held-out split after training")
+    push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
+    resume: bool = opt(False, "continue the run in run.run_dir from its last checkpoint")
+
+    def check(self) -> None:
+        require(not self.resume or bool(self.run_dir), "run.resume needs run.run_dir (the run to continue)")
+        require(self.log_model or not self.register_model, "run.register_model needs run.log_model=true")

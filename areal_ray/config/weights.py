@@ -1,0 +1,24 @@
+"""`weights.*`: how a trained version reaches the rollout replicas (areal_ray/weights.py).
+
+That NCCL needs GPUs on both ends is a cross-section check (root.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_ray.config.choices import CollectiveBackend, WeightPath
+from areal_ray.config.section import opt, require
+
+
+@dataclass(kw_only=True)
+class WeightsConfig:
+    path: WeightPath = opt(WeightPath.auto, "how a version reaches the replicas: auto (shm when every replica is on the trainer's node, else collective) | collective (gloo/NCCL group) | shm | object_store | disk")
+    bucket_mb: int = opt(256, "collective path: size of one flat broadcast bucket")
+    dtype: str = opt("", "dtype sent to the replicas (e.g. bfloat16); empty: the trained dtype")
+    timeout_s: float = opt(60.0, "timeout of every collective call (group set-up, each bucket)")
+    backend: CollectiveBackend = opt(CollectiveBackend.gloo, "collective backend: gloo (CPU) | nccl (GPU trainers and replicas)")
+
+    def check(self) -> None:
+        require(self.bucket_mb >= 1, "weights.bucket_mb must be >= 1")
+        require(self.timeout_s > 0, "weights.timeout_s must be > 0")
