@@ -91,7 +91,13 @@ def trainer_runtime_env(cfg: Config) -> dict:
 class StepTail:
     """Polls the driver for step records and restore events and hands them to the
     tracker and the console (`progress`) as they land; `stop()` returns the surviving
-    step records (`lineage`), including those of earlier jobs of a resumed run (`prior`)."""
+    step records (`lineage`), including those of earlier jobs of a resumed run (`prior`).
+
+    Not Ray Train's `report` + callbacks: those run in its controller actor, not in
+    this process; every `report` is a barrier of all ranks and waits for the
+    controller's next poll (2 s) when the last one was not taken yet; reports pending
+    when a worker dies are dropped; and a report returns nothing, so the Ctrl-C stop
+    flag would still need the driver (Ray 2.60, ray/train/v2/_internal/execution)."""
 
     def __init__(self, driver, tracker: RunTracker, prior: list[dict] = (), period_s: float = 0.5):
         self.driver, self.tracker, self.period_s = driver, tracker, period_s
