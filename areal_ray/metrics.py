@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import time
 
+from areal_ray.utilization import interval_rates
+
 # Staleness is a small integer: one bucket per value up to 8, then 16 and beyond.
 STALENESS_BOUNDARIES = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 16.5]
 PUSH_PHASES = {"gather": "push_gather_s", "transfer": "push_transfer_s",
@@ -98,28 +100,26 @@ class DriverMetrics:
 
 class ReplicaMetrics:
     """A rollout replica's sampler: `sample(engine.load())` every few seconds turns
-    the engine's cumulative counters into rates over the last interval."""
+    the engine's cumulative counters into rates over the last interval, computed as
+    the run's summary computes them (utilization.interval_rates)."""
+
+    SAMPLED = 16  # engines without a busy clock: idle share over this many samples
 
     def __init__(self, run: str, replica: str):
         self.tags = {"run": run or "areal", "replica": replica}
-        self._last: tuple[float, float, float] | None = None  # (time, tokens, busy_s)
-        self._idle_samples: list[bool] = []
+        self._recent: list[dict] = []  # the last SAMPLED load reports
 
     def sample(self, load: dict, now: float | None = None) -> dict:
         """Records and returns {running, queued, tokens_per_s, idle_fraction}."""
         now = time.monotonic() if now is None else now
-        running, queued = int(load.get("running", 0)), int(load.get("queued", 0))
-        tokens, busy = float(load.get("tokens", 0)), load.get("busy_s")
-        out = {"running": running, "queued": queued}
-        # Engines without a busy clock (sglang) are sampled: idle when nothing runs.
-        self._idle_samples = (self._idle_samples + [running == 0 and queued == 0])[-16:]
-        if self._last is not None and now > self._last[0]:
-            dt = now - self._last[0]
-            out["tokens_per_s"] = (tokens - self._last[1]) / dt
-            out["idle_fraction"] = (max(0.0, 1.0 - (float(busy) - self._last[2]) / dt)
-                                    if busy is not None else
-                                    sum(self._idle_samples) / len(self._idle_samples))
-        self._last = (now, tokens, float(busy or 0.0))
+        busy = load.get("busy_s")
+        report = {"time": now, "tokens": float(load.get("tokens", 0)),
+                  "busy_s": None if busy is None else float(busy),
+                  "running": int(load.get("running", 0)), "queued": int(load.get("queued", 0))}
+        self._recent = (self._recent + [report])[-self.SAMPLED:]
+        out = {"running": report["running"], "queued": report["queued"]}
+        if len(self._recent) >= 2:
+            out.update(interval_rates(self._recent[-2], report, self._recent))
         g = _registry.get
         for state in ("running", "queued"):
             g("areal_rollout_requests").set(out[state], tags={**self.tags, "state": state})

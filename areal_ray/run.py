@@ -32,6 +32,7 @@ from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
 from areal_ray.event_loop import off_event_loop
 from areal_ray.interrupt import RunInterrupted, StopOnInterrupt, in_worker_thread
+from areal_ray.progress import StepProgress
 from areal_ray.tracking import RunTracker, lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_trainer_state, save_hf
 from areal_ray.train.driver_watch import DriverWatch, actor_alive
@@ -89,11 +90,18 @@ def trainer_runtime_env(cfg: Config) -> dict:
 
 class StepTail:
     """Polls the driver for step records and restore events and hands them to the
-    tracker as they land; `stop()` returns the surviving step records (`lineage`),
-    including those of earlier jobs of a resumed run (`prior`)."""
+    tracker and the console (`progress`) as they land; `stop()` returns the surviving
+    step records (`lineage`), including those of earlier jobs of a resumed run (`prior`).
+
+    Not Ray Train's `report` + callbacks: those run in its controller actor, not in
+    this process; every `report` is a barrier of all ranks and waits for the
+    controller's next poll (2 s) when the last one was not taken yet; reports pending
+    when a worker dies are dropped; and a report returns nothing, so the Ctrl-C stop
+    flag would still need the driver (Ray 2.60, ray/train/v2/_internal/execution)."""
 
     def __init__(self, driver, tracker: RunTracker, prior: list[dict] = (), period_s: float = 0.5):
         self.driver, self.tracker, self.period_s = driver, tracker, period_s
+        self.progress = StepProgress(tracker.cfg.train.steps)
         self.events: list[dict] = list(prior)
         self.start_version: int | None = None  # where this job's trainer started
         self._seen = 0
@@ -115,9 +123,11 @@ class StepTail:
                     continue  # a fresh start, nothing to roll back
                 self.events.append(ev)
                 self.tracker.log_restore(ev)
+                self.progress.restarted(ev["version"])
             else:
                 self.events.append(ev)
                 self.tracker.log_step(ev)
+                self.progress.step(ev)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -127,6 +137,7 @@ class StepTail:
         self._stop.set()
         self._thread.join()
         self._pull()
+        self.progress.close()
         return lineage(self.events)
 
 
@@ -193,7 +204,7 @@ def run_training(cfg: Config) -> dict:
         if before:
             print(f"[areal-ray] eval before: accuracy {before['accuracy']:.3f} (n={before['n']})", flush=True)
 
-        DataContext.get_current().enable_progress_bars = False  # one line per step instead
+        DataContext.get_current().enable_progress_bars = False  # ours instead (progress.py)
         pipeline = PipelineFactory(prompts, cfg, driver_name, namespace, app_name,
                                    DEPLOYMENT_NAME)
         trainer = TorchTrainer(
@@ -214,8 +225,7 @@ def run_training(cfg: Config) -> dict:
         prior = lineage(read_events(tracker.steps_path)) if resume else []
         tail = StepTail(driver, tracker, prior=prior)
         t_train = time.time()
-        stopper = StopOnInterrupt(lambda: driver.request_stop.remote(),
-                                  notice=lambda msg: print(msg, flush=True))
+        stopper = StopOnInterrupt(lambda: driver.request_stop.remote(), notice=tail.progress.note)
         try:
             with stopper:
                 in_worker_thread(trainer.fit)

@@ -1,4 +1,4 @@
-"""Run outputs: steps.jsonl, summary.json, a progress line per step, and MLflow.
+"""Run outputs: steps.jsonl, summary.json and MLflow (the console's view is progress.py).
 
 All of it happens in the job's own process: workers only send step records to the
 driver actor, which the job tails. That keeps file and MLflow I/O off the training
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -102,8 +101,6 @@ class RunTracker:
         # run is not set: log through a client with the explicit run id.
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         mlflow.set_tag("run_dir", str(run_dir))
-        self.n_steps = 0
-        self.recent_step_s: list[float] = []
 
     @property
     def run_id(self) -> str:
@@ -112,26 +109,14 @@ class RunTracker:
     def log_restore(self, event: dict) -> None:
         with self.steps_path.open("a") as f:
             f.write(json.dumps(event) + "\n")
-        self.n_steps = event["version"]
-        print(f"[areal-ray] trainer (re)started from the checkpoint at version {event['version']}",
-              flush=True)
 
     def log_step(self, rec: dict) -> None:
         with self.steps_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        self.n_steps += 1
-        self.recent_step_s = (self.recent_step_s + [rec.get("step_s") or 0.0])[-5:]
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[
             Metric(k, float(v), now, int(rec["step"])) for k, v in rec.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "t_wall")])
-        # ETA from the last few steps: the first one also carries the pipeline's start-up.
-        eta_s = sum(self.recent_step_s) / len(self.recent_step_s) * (self.cfg.train.steps - self.n_steps)
-        tok_s = rec["n_tokens"] / rec["step_s"] if rec.get("step_s") else 0.0
-        print(f"[areal-ray] step {rec['step'] + 1:>4}/{self.cfg.train.steps} v{rec['version']:<4} "
-              f"reward {rec['reward_mean']:.3f}  staleness max {rec['staleness_max']} "
-              f"mean {rec['staleness_mean']:.2f}  {tok_s:7.0f} tok/s  ETA {eta_s:5.0f}s",
-              flush=True, file=sys.stdout)
 
     def finish(self, summary: dict, steps: list[dict], model_dir: Path | None = None) -> None:
         """summary.json, the curves PNG, the run's files and the final model (HF format,

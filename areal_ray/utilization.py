@@ -10,7 +10,9 @@ they land in every run's summary.json:
   replica reports its engine's cumulative busy clock to the driver every few
   seconds (`Driver.report_load`); the fraction is taken between the first and last
   report inside the training window. Engines without a busy clock (SGLang) count a
-  report as idle when nothing is running or queued;
+  report as idle when nothing is running or queued. `interval_rates` is the one
+  place this is computed: the replicas' live gauge (metrics.py) uses it over their
+  last interval, the run's summary over the training window;
 * steady state: from the end of the first step to the end of the last. The first
   step also carries the start-up of Ray Data, the trainer and the first rollouts,
   the same at every eta, which would otherwise blur a comparison of short runs.
@@ -66,26 +68,42 @@ def thin(reports: list[dict]) -> list[dict]:
     return reports[:-1:2] + reports[-1:]
 
 
-def rollout_idle(reports: dict[str, list[dict]], t0: float, t1: float) -> dict:
-    """Rollout idle fraction and generation tokens/s between wall times t0 and t1.
+def interval_rates(first: dict, last: dict, samples: list[dict]) -> dict:
+    """{idle_fraction, tokens_per_s} of one replica's engine between two of its load
+    reports (each {time, tokens, busy_s (or None), running, queued}); {} for an empty
+    interval. Idle is what the busy clock did not count when both reports carry one;
+    without a clock, the share of `samples` (the reports over the interval) in which
+    nothing was running or queued."""
+    dt = last["time"] - first["time"]
+    if dt <= 0:
+        return {}
+    if first.get("busy_s") is not None and last.get("busy_s") is not None:
+        idle = max(0.0, 1.0 - (last["busy_s"] - first["busy_s"]) / dt)
+    else:
+        idle = sum(r["running"] == 0 and r["queued"] == 0 for r in samples) / len(samples)
+    # every generated token counts, the aborted tails of interrupted requests too
+    return {"idle_fraction": idle, "tokens_per_s": (last["tokens"] - first["tokens"]) / dt}
 
-    `reports`: replica id -> its load reports (any order), each {time, tokens,
-    busy_s (or None), running, queued}. Replicas with fewer than two reports in the
-    window are left out; returns {} when none has two."""
+
+def rollout_idle(reports: dict[str, list[dict]], t0: float, t1: float) -> dict:
+    """Rollout idle fraction and generation tokens/s between wall times t0 and t1:
+    each replica's `interval_rates` over its reports inside the window, idle weighted
+    by the time each covers, tokens/s summed over replicas.
+
+    `reports`: replica id -> its load reports (any order). Replicas with fewer than
+    two reports in the window are left out; returns {} when none has two."""
     idle_s = covered_s = tokens_per_s = 0.0
     for rows in reports.values():
         inside = sorted((r for r in rows if t0 <= r["time"] <= t1), key=lambda r: r["time"])
-        if len(inside) < 2 or inside[-1]["time"] <= inside[0]["time"]:
+        if len(inside) < 2:
             continue
-        first, last = inside[0], inside[-1]
-        dt = last["time"] - first["time"]
-        if first.get("busy_s") is not None and last.get("busy_s") is not None:
-            idle_s += max(0.0, dt - (last["busy_s"] - first["busy_s"]))
-        else:
-            idle_s += dt * sum(r["running"] == 0 and r["queued"] == 0 for r in inside) / len(inside)
+        rates = interval_rates(inside[0], inside[-1], inside)
+        if not rates:
+            continue
+        dt = inside[-1]["time"] - inside[0]["time"]
+        idle_s += dt * rates["idle_fraction"]
         covered_s += dt
-        # every generated token counts, the aborted tails of interrupted requests too
-        tokens_per_s += (last["tokens"] - first["tokens"]) / dt
+        tokens_per_s += rates["tokens_per_s"]
     if covered_s <= 0:
         return {}
     return {"rollout_idle_fraction": idle_s / covered_s, "generation_tokens_per_s": tokens_per_s}

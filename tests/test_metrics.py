@@ -5,6 +5,7 @@ in tests/jobs/test_submit.py, on a real metrics endpoint)."""
 import pytest
 
 from areal_ray.metrics import METRICS, DriverMetrics, ReplicaMetrics
+from areal_ray.utilization import rollout_idle
 
 
 def test_replica_rates_come_from_counter_deltas(ray_cluster):
@@ -22,6 +23,17 @@ def test_engines_without_a_busy_clock_are_sampled(ray_cluster):
     out = m.sample({"running": 1, "queued": 0, "tokens": 30}, now=1.0)
     assert out["idle_fraction"] == pytest.approx(0.5)  # one idle sample of two
     assert out["tokens_per_s"] == pytest.approx(30.0)
+
+
+def test_the_live_gauge_and_the_run_summary_agree(ray_cluster):
+    """The same two reports give a replica's gauge and the summary the same idle share."""
+    loads = [(5.0, {"running": 1, "queued": 0, "tokens": 0, "busy_s": 3.0}),
+             (9.0, {"running": 0, "queued": 0, "tokens": 80, "busy_s": 4.0})]
+    m = ReplicaMetrics("t", "r3")
+    live = [m.sample(load, now=t) for t, load in loads][-1]
+    summary = rollout_idle({"r3": [{"time": t, **load} for t, load in loads]}, 0.0, 10.0)
+    assert live["idle_fraction"] == summary["rollout_idle_fraction"] == pytest.approx(0.75)
+    assert live["tokens_per_s"] == summary["generation_tokens_per_s"] == pytest.approx(20.0)
 
 
 def test_driver_records_a_step_and_pool_sizes(ray_cluster):

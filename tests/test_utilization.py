@@ -2,7 +2,14 @@
 
 import pytest
 
-from areal_ray.utilization import length_stats, percentile, rollout_idle, steady_state, thin
+from areal_ray.utilization import (
+    interval_rates,
+    length_stats,
+    percentile,
+    rollout_idle,
+    steady_state,
+    thin,
+)
 
 
 @pytest.mark.parametrize("q,expected", [(0, 1), (50, 5), (90, 9), (99, 10), (100, 10)])
@@ -58,6 +65,19 @@ def test_rollout_idle_without_a_busy_clock_samples_the_queue():
             report(2, None, 20, running=0, queued=3), report(3, None, 20, running=0)]
     s = rollout_idle({"sglang": rows}, 0, 3)
     assert s["rollout_idle_fraction"] == pytest.approx(0.5)
+
+
+def test_interval_rates_between_two_reports():
+    # busy 1.5 s of 2 s, 400 tokens: the clock decides, the samples do not
+    idle = [report(0, None, 0, running=0)]
+    assert interval_rates(report(10, 1.0, 100), report(12, 2.5, 500), idle) == \
+        pytest.approx({"idle_fraction": 0.25, "tokens_per_s": 200.0})
+    # no clock: one of the four samples had nothing running or queued
+    rows = [report(0, None, 0, running=0), report(1, None, 5), report(2, None, 5, running=0, queued=1),
+            report(4, None, 20)]
+    assert interval_rates(rows[0], rows[-1], rows) == \
+        pytest.approx({"idle_fraction": 0.25, "tokens_per_s": 5.0})
+    assert interval_rates(report(3, 1, 0), report(3, 2, 9), []) == {}  # no time passed
 
 
 def test_rollout_idle_needs_two_reports():

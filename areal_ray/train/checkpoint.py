@@ -12,7 +12,7 @@ A checkpoint taken after step t (policy version v = t + 1) is one directory:
   scheduler.pt         the LR scheduler's state
   trainer_state.json   version, next ticket, rejected count, consumed prompt
                        positions: what the staleness gate and the pipeline need to
-                       continue exactly, with no prompt trained twice
+                       continue exactly, with no prompt trained twice (`trainer_state`)
   rng_rank{r}.pt       torch and Python RNG state of every rank
 
 The first version gathered the whole optimizer state on rank 0 (`optimizer.pt`): at
@@ -137,6 +137,23 @@ def latest_checkpoint(root: str | Path, reported=None) -> Path | None:
             if version > best_version:
                 best, best_version = d, version
     return best
+
+
+def trainer_state(version: int, next_ticket: int, batch_groups: int,
+                  consumed: list[int]) -> dict:
+    """trainer_state.json of a checkpoint taken once `version` is trained.
+
+    The rejected count is not kept by the trainer: the staleness gate in the driver
+    owns it while the run goes on. At a step boundary it follows from the tickets,
+    since every ticket below `next_ticket` was trained (`version` x B of them) or
+    rejected. It is still written, so that a run resumed with another batch_groups is
+    refused by the gate (data/staleness.py) and every checkpoint reads the same."""
+    rejected = next_ticket - version * batch_groups
+    if rejected < 0:
+        raise ValueError(f"next ticket {next_ticket} is below the {version} x {batch_groups} "
+                         "groups trained so far")
+    return {"version": version, "next_ticket": next_ticket, "rejected": rejected,
+            "consumed": list(consumed)}
 
 
 def read_trainer_state(ckpt_dir: str | Path) -> dict:

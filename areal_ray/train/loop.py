@@ -39,6 +39,7 @@ from areal_ray.train.checkpoint import (
     load_checkpoint,
     read_trainer_state,
     save_checkpoint,
+    trainer_state,
 )
 from areal_ray.train.critic import load_critic
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
@@ -112,8 +113,8 @@ def train_loop_per_worker(config: dict) -> None:
     driver = ray.get_actor(config["driver_name"], namespace=config["namespace"])
 
     ckpt_dir = latest_checkpoint(config["checkpoint_root"], ray.train.get_checkpoint())
-    state = read_trainer_state(ckpt_dir) if ckpt_dir else \
-        {"version": 0, "next_ticket": 0, "rejected": 0, "consumed": []}
+    batch_groups = cfg.algo.batch_groups
+    state = read_trainer_state(ckpt_dir) if ckpt_dir else trainer_state(0, 0, batch_groups, [])
     m = build_models(cfg, config["model_path"], config["model_path"])
     if ckpt_dir:  # the weights and optimizer state, from the sharded state
         load_checkpoint(m, ckpt_dir)
@@ -132,18 +133,16 @@ def train_loop_per_worker(config: dict) -> None:
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
     assembler = StepAssembler(
-        ShardFeeder(ray.train.get_dataset_shard("train")), cfg.algo.batch_groups,
+        ShardFeeder(ray.train.get_dataset_shard("train")), batch_groups,
         distributed=dist.is_initialized(),
         accept=informative if cfg.algo.dynamic_filter.enabled else None,
         next_ticket=state["next_ticket"],
         on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
-    rejected = state["rejected"]
     pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"])
     t_start = t_prev = time.perf_counter()
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)
         groups = batch.groups
-        rejected += len(batch.rejected)
         consumed += [g.pos for g in groups] + batch.rejected
         seqs = flatten_groups(groups, cfg.algo, cfg.rollout.max_new_tokens, trained_version=step)
         if not seqs:
@@ -162,8 +161,8 @@ def train_loop_per_worker(config: dict) -> None:
             stop = flag[0]
         every = cfg.train.checkpoint_every
         if every and ((step + 1) % every == 0 or stop):
-            save_checkpoint(m, weights, {"version": step + 1, "next_ticket": assembler.cursor,
-                                         "rejected": rejected, "consumed": consumed},
+            save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
+                                                      consumed),
                             config["model_path"], cfg.train.checkpoint_hf_model)
         if dist.is_initialized():
             dist.barrier()

@@ -1,31 +1,24 @@
-"""Learning-rate schedule: linear warm-up, then constant, linear or cosine decay.
+"""Learning-rate schedule: linear warm-up from 0, then constant, linear or cosine
+decay to 0 at `train.steps` (`algo.lr_schedule`, `algo.lr_warmup_steps`).
 
-A plain `LambdaLR` so its state (the step count) goes into the resume checkpoint
-and a resumed run continues the exact same curve.
+transformers' `get_scheduler` builds it: a `LambdaLR`, so its state (the step count)
+goes into the resume checkpoint and a resumed run continues the exact same curve.
+Its warm-up factor before optimizer step s is s / warmup: the first step of a run
+with warm-up has lr 0 (it still fills AdamW's moments).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+from transformers import get_scheduler
 
-
-def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
-    """Multiplier of the base lr before optimizer step `step` (0-based)."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - progress
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"unknown lr schedule {schedule!r}")
+# our schedule name -> transformers' (its "constant" would ignore the warm-up)
+HF_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
 def make_scheduler(opt: torch.optim.Optimizer, total_steps: int, warmup: int,
                    schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, total_steps, warmup, schedule))
+    if schedule not in HF_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {schedule!r}: one of {sorted(HF_SCHEDULES)}")
+    return get_scheduler(HF_SCHEDULES[schedule], opt, num_warmup_steps=warmup,
+                         num_training_steps=total_steps)
