@@ -19,12 +19,16 @@ from areal_ray.config.section import ConfigError, check_sections
 
 
 def validate(cfg: Config) -> Config:
-    """`cfg` when its types, choices and values are usable, else a ConfigError. The
-    types are checked again here for configs built or changed in code."""
+    """`cfg` when its types, choices and values are usable, else a ConfigError. For a
+    config built or changed in code: the types are checked here, as loading does."""
     try:
         OmegaConf.structured(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad config: {_omegaconf_problem(e)}") from e
+    return _check_values(cfg)
+
+
+def _check_values(cfg: Config) -> Config:
     check_sections(cfg)
     check_across(cfg)
     return cfg
@@ -55,7 +59,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, sch
         raise ConfigError(f"bad config ({path or 'defaults'}): {_omegaconf_problem(e)}") from e
     except FileNotFoundError as e:
         raise ConfigError(f"config file not found: {path}") from e
-    return validate(cfg) if schema is Config else cfg
+    return _check_values(cfg) if schema is Config else cfg  # omegaconf has checked the types
 
 
 def _refuse_value_for_section(merged, parsed, item: str) -> None:
