@@ -42,6 +42,11 @@ class Wait:
     def __repr__(self) -> str:
         return "WAIT"
 
+    def __reduce__(self):
+        # Unpickled as the module's one instance: Ray ships the actor class by value,
+        # with a copy of each global it uses, and callers test `is WAIT`.
+        return "WAIT"
+
 
 WAIT = Wait()
 

@@ -127,3 +127,11 @@ def test_state_reports_gate_phase_and_reader():
     s = a.state()
     assert (s["eta"], s["batch_groups"], s["max_concurrent"], s["phase"]) == (2, 3, 9, "running")
     assert {"started", "running", "rejected", "version", "closed", "read", "taken", "ahead"} <= set(s)
+
+
+def test_wait_stays_one_object_through_pickling():
+    import pickle
+
+    import cloudpickle
+    assert pickle.loads(pickle.dumps(WAIT)) is WAIT
+    assert cloudpickle.loads(cloudpickle.dumps(WAIT)) is WAIT

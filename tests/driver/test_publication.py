@@ -104,3 +104,13 @@ def test_replica_nodes():
     p.register("a", "n1"), p.register("b", "n2")
     p.unregister("b")
     assert p.replica_nodes() == {"n1"}
+
+
+def test_swapping_the_payload_keeps_the_serial_so_nobody_reloads():
+    p = Publication()
+    p.register("a")
+    p.announce(2, Everyone())
+    p.ack("a", 1)
+    p.swap_payload(Broadcast(("a",)))
+    assert p.latest.as_tuple() == (1, 2, Broadcast(("a",))) and p.all_loaded(1)
+    assert not p.newer_than(1)
