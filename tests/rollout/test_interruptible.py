@@ -8,7 +8,7 @@ import torch
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.hf_engine import HFEngine
-from areal_ray.rollout.workflow import generate_group, generate_interruptible
+from areal_ray.rollout.interruptible import generate_group, generate_interruptible
 
 
 async def push_during(engine, generation, new_state):
