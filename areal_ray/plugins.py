@@ -47,10 +47,11 @@ def import_class(path: object, key: str, method: str, coroutine: bool = False) -
     return cls
 
 
-def check_plugins(cfg) -> None:
+def check_plugins(cfg) -> tuple[str, ...]:
     """Import every class the config names by path and check its shape (the rollout
-    workflow; each extra reward checker); raises `PluginError` naming the key."""
+    workflow; each extra reward checker); raises `PluginError` naming the key.
+    Returns the verifier names a dataset row may give."""
     from areal_ray.reward.registry import check_checkers
     from areal_ray.rollout.workflow import EpisodeConfig, check_workflow
     check_workflow(cfg.rollout.workflow, EpisodeConfig.of(cfg.rollout), cfg.rollout.workflow_kwargs)
-    check_checkers(cfg.reward.checkers)
+    return check_checkers(cfg.reward.checkers)

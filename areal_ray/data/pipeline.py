@@ -18,43 +18,19 @@ trainer resumes from are skipped.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import ray
 from ray.data import ActorPoolStrategy
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
 from areal_ray.data.stream import PromptStream, prompt_dataset
+from areal_ray.data.tickets import Tickets
 from areal_ray.reward.pool import RewardStage
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.workflow import SINGLE_TURN, EpisodeConfig, build_workflow
+from areal_ray.rollout.workflow import SINGLE_TURN, EpisodeConfig, build_workflow, check_episode
 from areal_ray.types import Group
 
 EMPTY = {"ticket": np.array([], dtype=np.int64), "group": np.array([], dtype=object)}
-
-
-class SpareTickets:
-    """Admissions whose workflow rejected its row, handed to the next rows, oldest
-    first. The trainer takes tickets in order and waits for each, so a ticket must end
-    up holding a group; a spare keeps its gate slot and its admitted version (the
-    group it ends up with is generated later, at that version or a newer one, so the
-    staleness bound holds). A row that takes a spare is not counted as taken by the
-    driver's read-ahead (only `acquire` counts), so a run that rejects more rows than
-    the stream's read-ahead limit (stream.READ_AHEAD) could stall its reader; the
-    driver has no call for that yet."""
-
-    def __init__(self):
-        self._heap: list[tuple[int, int]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def put(self, ticket: int, version: int) -> None:
-        heapq.heappush(self._heap, (ticket, version))
-
-    def take(self) -> tuple[int, int] | None:
-        return heapq.heappop(self._heap) if self._heap else None
 
 
 def _row(batch: dict[str, np.ndarray], i: int) -> dict:
@@ -80,16 +56,15 @@ class RolloutStage:
         self.workflow = build_workflow(
             workflow, EpisodeConfig(group_size, max_new_tokens, temperature), workflow_kwargs)
         self.generation = generation
-        self.spares = SpareTickets()
+        self.tickets = Tickets(self._acquire)
 
-    async def _admit(self, pos: int) -> tuple[int, int] | None:
-        spare = self.spares.take()
-        return spare if spare is not None else await self.driver.acquire.remote(pos, self.generation)
+    async def _acquire(self, pos: int) -> tuple[int, int] | None:
+        return await self.driver.acquire.remote(pos, self.generation)
 
     async def episode(self, row: dict) -> Group | None:
         """The group of `row`, admitted; None when the row is not admitted or the
         workflow rejected it."""
-        admitted = await self._admit(row["pos"])
+        admitted = await self.tickets.admit(row["pos"])
         if admitted is None:  # run closed, an old pipeline, or consumed before resume
             return None
         ticket, version = admitted
@@ -98,14 +73,11 @@ class RolloutStage:
         except BaseException:
             await self.driver.finish.remote(self.generation)
             raise
-        if group is None:  # rejected: the ticket goes to the next row
-            self.spares.put(ticket, version)
+        if group is None:  # rejected: the ticket goes to the next row (tickets.py)
+            self.tickets.give_back((ticket, version))
             return None
         await self.driver.finish.remote(self.generation)
-        if not isinstance(group, Group) or not group.samples:
-            what = "a Group without samples" if isinstance(group, Group) else type(group).__name__
-            raise TypeError(f"{type(self.workflow).__name__}.arun_episode returned {what}: "
-                            "it must return a Group with samples, or None to reject the row")
+        check_episode(group, self.workflow)
         group.ticket, group.admitted_version, group.pos = ticket, version, row["pos"]
         return group
 

@@ -61,6 +61,16 @@ def group_of(row: dict, samples: list[Sample]) -> Group:
                  admitted_version=-1, samples=samples)
 
 
+def check_episode(group: object, workflow: object) -> Group:
+    """`group` if it is what an episode may return for training (a Group with
+    samples); otherwise a TypeError naming the workflow."""
+    if not isinstance(group, Group) or not group.samples:
+        what = "a Group without samples" if isinstance(group, Group) else type(group).__name__
+        raise TypeError(f"{type(workflow).__name__}.arun_episode returned {what}: it must "
+                        "return a Group with samples, or None to reject the row")
+    return group
+
+
 class SingleTurnWorkflow:
     """One prompt, `group_size` samples: encode, generate with interruptible
     resubmission, decode what the reward checker grades."""
