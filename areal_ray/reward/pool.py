@@ -26,10 +26,12 @@ def check(verifier: str, text: str, answer: str, opts: dict | None = None,
           checkers: dict | None = None) -> tuple[float, str] | float:
     """(reward, reason); runs inside the worker process. The checker is the
     registry's for `verifier`, the built-ins and `checkers` (name -> dotted path);
-    each is built once per process. For `code`, `answer` is the JSON list of tests."""
+    each is built once per process, all at its first check (`TimedChecker.warm`).
+    For `code`, `answer` is the JSON list of tests."""
     key = tuple(sorted((checkers or {}).items()))
     if key not in _registries:
         _registries[key] = CheckerRegistry(checkers)
+        _registries[key].warm()
     return _registries[key].check(verifier, text, answer, opts)
 
 
@@ -108,9 +110,10 @@ class TimedChecker:
         return 0.0, f"checker error: {value}"
 
     def warm(self, timeout_s: float = 60.0) -> None:
-        """Start the process and import the math checker now. Paid by the first real
-        check instead, a process start and math-verify's import (seconds on a busy
-        machine) would count against that check's deadline."""
+        """Start the process and build the checkers now (math-verify's import, and
+        any of reward.checkers). Paid by the first real check instead, a process start
+        and those imports (seconds on a busy machine) would count against that
+        check's deadline."""
         if getattr(self.fn, "func", self.fn) is check:
             self("math", "0", "0", timeout_s=max(timeout_s, self.timeout_s))
 

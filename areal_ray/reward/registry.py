@@ -48,6 +48,16 @@ class CheckerRegistry:
             self._checkers[verifier] = import_class(self.paths[verifier], key, "check")()
         return self._checkers[verifier]
 
+    def warm(self) -> None:
+        """Build every checker now, so that their imports are paid at the checker
+        process's start (`TimedChecker.warm`) and not within a check's deadline. One
+        that fails here fails again, with its message, when a row uses it."""
+        for name in self.paths:
+            try:
+                self.get(name)
+            except Exception:  # noqa: BLE001 - reported by the check that uses it
+                pass
+
     def check(self, verifier: str, text: str, answer: str,
               opts: dict | None = None) -> tuple[float, str] | float:
         return self.get(verifier).check(text, answer, opts or {})

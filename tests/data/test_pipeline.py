@@ -1,6 +1,7 @@
-"""The pipeline: its Ray Data settings (without a cluster), and the real pipeline (driver actor, rollout Serve app, Ray Data stages)
-running a workflow and a reward checker that live in this test module, chosen by
-dotted path in the config: a new task type needs no edit of the pipeline."""
+"""The pipeline: its Ray Data settings (without a cluster), and the real pipeline
+(driver actor, rollout Serve app, Ray Data stages) running a workflow and a reward
+checker of a user's module (tests/data/user_plugins.py), chosen by dotted path in
+the config: a new task type needs no edit of the pipeline."""
 
 import uuid
 
@@ -15,9 +16,10 @@ from areal_ray.data.pipeline import build_pipeline, configure_data_context
 from areal_ray.data.stream import rows_stream
 from areal_ray.driver import Driver
 from areal_ray.plugins import check_plugins
-from areal_ray.rollout.workflow import SingleTurnWorkflow
 from areal_ray.types import Group
 from deployments.rollout import DEPLOYMENT_NAME, build_app
+
+PLUGINS = "tests.data.user_plugins"  # a user's module, not this one (it imports torch)
 
 
 @pytest.mark.parametrize("scale_down, threshold", [
@@ -33,36 +35,12 @@ def test_reward_pool_scale_down_follows_the_config(scale_down, threshold):
     assert ctx.enable_progress_bars is False
 
 
-class EvenRowsOnly(SingleTurnWorkflow):
-    """Rejects every odd row, tags the groups it keeps, and tries to set their
-    admission fields (the rollout stage owns those)."""
-
-    def __init__(self, config, tag: str):
-        super().__init__(config)
-        self.tag = tag
-
-    async def arun_episode(self, client, row):
-        if row["pos"] % 2:
-            return None
-        group = await super().arun_episode(client, row)
-        group.meta["tag"] = self.tag
-        group.ticket, group.admitted_version, group.pos = 999, 999, 999
-        return group
-
-
-class ShortTextChecker:
-    """Reward 1 for a text of at most `answer` characters."""
-
-    def check(self, text, answer, opts):
-        return float(len(text) <= int(answer)), f"length {len(text)}"
-
-
 def test_a_workflow_and_a_checker_named_by_path_run_in_the_pipeline(ray_cluster, random_model_dir):
     cfg = load_config(None, [
         "rollout.num_cpus=0.5", "rollout.group_size=3", "rollout.max_new_tokens=4",
         "algo.eta=8", "algo.batch_groups=1", "rollout.max_concurrent_rollouts=1",
-        f"rollout.workflow={__name__}.EvenRowsOnly", "rollout.workflow_kwargs={tag: kept}",
-        f"reward.checkers={{short: {__name__}.ShortTextChecker}}"])
+        f"rollout.workflow={PLUGINS}.EvenRowsOnly", "rollout.workflow_kwargs={tag: kept}",
+        f"reward.checkers={{short: {PLUGINS}.ShortTextChecker}}"])
     assert "short" in check_plugins(cfg)
     namespace, tag = ray.get_runtime_context().namespace, uuid.uuid4().hex[:6]
     driver_name, app = f"drv-{tag}", f"rollout-{tag}"
