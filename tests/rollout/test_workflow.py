@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from areal_ray.config import load_config
+from areal_ray.config import Config, load_config
 from areal_ray.plugins import PluginError, check_plugins
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.engine_client import EngineClient
@@ -56,7 +56,7 @@ def test_single_turn_episode_is_one_group_of_the_row(random_model_dir):
     client = EngineClient(InProcessApp(engine))
     workflow = build_workflow(SINGLE_TURN, EpisodeConfig(group_size=3, max_new_tokens=6,
                                                          temperature=1.0))
-    assert isinstance(workflow, RolloutWorkflow)
+    assert isinstance(workflow, SingleTurnWorkflow) and isinstance(workflow, RolloutWorkflow)
     group = asyncio.run(workflow.arun_episode(client, ROW))
     prompt_ids = engine.tokenizer("12+3=", add_special_tokens=False)["input_ids"]
     assert (group.uid, group.prompt, group.answer, group.verifier) == ("u7", "12+3=", "15", "math")
@@ -112,6 +112,7 @@ def test_a_bad_workflow_fails_before_ray_naming_the_key(overrides, message):
 
 
 def test_the_default_and_a_user_workflow_pass_the_check():
+    assert Config().rollout.workflow == SINGLE_TURN
     check_plugins(load_config(None, []))
     check_plugins(load_config(None, [f"rollout.workflow={__name__}.Tagging",
                                      "rollout.workflow_kwargs={tag: t2}"]))
