@@ -8,10 +8,11 @@ with a deadline; code runs in the sandbox).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
-from areal_ray.reward.pool import TimedChecker
+from areal_ray.reward.pool import TimedChecker, check
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -23,9 +24,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def evaluate(handle, tokenizer, rows: list[dict], max_new_tokens: int,
              temperature: float = 0.0, timeout_s: float = 30.0, samples: int = 1,
-             ks: tuple[int, ...] = (1,)) -> dict:
+             ks: tuple[int, ...] = (1,), checkers: dict | None = None) -> dict:
     """`samples` generations per problem, all sent at once; accuracy is the mean share
-    of correct samples (pass@1), and pass@k for each k in `ks`."""
+    of correct samples (pass@1), and pass@k for each k in `ks`. `checkers`: the
+    extra reward checkers (reward.checkers)."""
     t0 = time.perf_counter()
     pending = []
     for r in rows:
@@ -33,7 +35,8 @@ def evaluate(handle, tokenizer, rows: list[dict], max_new_tokens: int,
         pending.append([handle.generate.remote(ids, max_new_tokens, temperature)
                         for _ in range(samples)])
     counts, lengths, versions = [], [], set()
-    checker = TimedChecker(timeout_s)
+    checker = TimedChecker(timeout_s, functools.partial(check, checkers=dict(checkers))
+                           if checkers else check)
     checker.warm()
     try:
         for r, resps in zip(rows, pending):

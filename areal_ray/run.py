@@ -28,6 +28,7 @@ from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
+from areal_ray.plugins import check_plugins
 from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
 from areal_ray.event_loop import off_event_loop
@@ -174,8 +175,9 @@ def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
     check_memory(cfg, model_path)
-    prompts = train_stream(cfg.task, prompt_count(cfg))
-    held_out = eval_rows(cfg.task)
+    verifiers = check_plugins(cfg)  # rollout.workflow, reward.checkers: bad paths fail here
+    prompts = train_stream(cfg.task, prompt_count(cfg), verifiers)
+    held_out = eval_rows(cfg.task, verifiers)
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     resume = cfg.run.resume
     if resume and not checkpoint_dirs(run_dir / TRAIN_DIR):
@@ -199,7 +201,8 @@ def run_training(cfg: Config) -> dict:
         handle = serve.run(build_app(cfg, model_path, driver_name, namespace),
                            name=app_name, route_prefix=None)
         # A resumed run's "before" was measured by the job that started it.
-        before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens) \
+        before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
+                          checkers=cfg.reward.checkers) \
             if cfg.run.eval_before and not resume else None
         if before:
             print(f"[areal-ray] eval before: accuracy {before['accuracy']:.3f} (n={before['n']})", flush=True)
@@ -243,7 +246,8 @@ def run_training(cfg: Config) -> dict:
                 else "no checkpoint (train.checkpoint_every=0)"
             raise RunInterrupted(f"stopped after version {last}: {where}")
 
-        after = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens) \
+        after = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
+                         checkers=cfg.reward.checkers) \
             if cfg.run.eval_after else None
         if after:
             print(f"[areal-ray] eval after: accuracy {after['accuracy']:.3f} (n={after['n']})", flush=True)

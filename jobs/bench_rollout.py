@@ -51,7 +51,7 @@ from transformers import AutoModelForCausalLM
 from areal_ray.config import opt
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
-from areal_ray.rollout.workflow import generate_interruptible
+from areal_ray.rollout.interruptible import generate_interruptible
 from areal_ray.task.tiny_model import TinyModelSpec, qwen2_config
 from areal_ray.task.tokenizer import save_char_tokenizer
 from jobs.cli import job_config

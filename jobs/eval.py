@@ -31,13 +31,14 @@ def run_eval(cfg) -> dict:
 
     from areal_ray.data.prompts import eval_rows
     from areal_ray.eval import evaluate
+    from areal_ray.reward.registry import check_checkers
     from areal_ray.run import init_ray, resolve_model
     from areal_ray.tracking import params_of, use_experiment
     from deployments.rollout import build_app
 
     model_path = resolve_model(cfg.eval.model_path or cfg.model.path,
                                "eval.model_path" if cfg.eval.model_path else "model.path")
-    rows = eval_rows(cfg.task)
+    rows = eval_rows(cfg.task, check_checkers(cfg.reward.checkers))
     out = Path(cfg.eval.out or f"runs/eval-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -45,10 +46,12 @@ def run_eval(cfg) -> dict:
     serve.start(proxy_location="Disabled")
     handle = serve.run(build_app(cfg, model_path), name=app, route_prefix=None)
     try:
-        greedy = evaluate(handle, tokenizer, rows, cfg.rollout.max_new_tokens)
+        greedy = evaluate(handle, tokenizer, rows, cfg.rollout.max_new_tokens,
+                          checkers=cfg.reward.checkers)
         ks = sorted({1, cfg.eval.k})
         sampled = evaluate(handle, tokenizer, rows, cfg.rollout.max_new_tokens,
-                           temperature=cfg.eval.temperature, samples=cfg.eval.k, ks=tuple(ks))
+                           temperature=cfg.eval.temperature, samples=cfg.eval.k, ks=tuple(ks),
+                           checkers=cfg.reward.checkers)
     finally:
         serve.delete(app)
     metrics = {"greedy_pass@1": greedy["accuracy"],

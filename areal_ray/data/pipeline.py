@@ -4,8 +4,9 @@ Prompts come from the prompt stream's read tasks (stream.py), one prompt per blo
 so each stage handles one group per task and no stage ever waits to fill a batch: a row held back in a half-full bundle while the
 staleness gate waits for training would deadlock the run (docs/stack_facts.md). The rollout
 stage is an async actor UDF: each of its concurrent calls asks the driver for a
-ticket (waiting while the gate is full), generates the group through the rollout
-Serve app with interruptible requests, and tells the driver it finished. The reward
+ticket (waiting while the gate is full), runs the rollout workflow's episode on the
+row (`rollout.workflow`, areal_ray/rollout/workflow.py) through the rollout Serve
+app, and tells the driver it finished. The reward
 stage is an autoscaling actor pool (`ActorPoolStrategy(min_size, max_size)`).
 
 Ray Train calls a `PipelineFactory` each time it starts the trainer's worker group,
@@ -17,80 +18,76 @@ trainer resumes from are skipped.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 import numpy as np
 import ray
-from ray import serve
 from ray.data import ActorPoolStrategy
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
 from areal_ray.data.stream import PromptStream, prompt_dataset
+from areal_ray.data.tickets import Tickets
 from areal_ray.reward.pool import RewardStage
-from areal_ray.rollout.workflow import generate_group
+from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.workflow import SINGLE_TURN, EpisodeConfig, build_workflow, check_episode
 from areal_ray.types import Group
 
-logger = logging.getLogger(__name__)
-# A replica's death is retried this often (backing off up to 10 s, ~1 min in all: Serve
-# starts a replacement in seconds); a rollout app that stays gone fails the run.
-REPLICA_RETRIES = 8
 EMPTY = {"ticket": np.array([], dtype=np.int64), "group": np.array([], dtype=object)}
 
 
+def _row(batch: dict[str, np.ndarray], i: int) -> dict:
+    """Row `i` of a batch as plain Python values (what a workflow gets)."""
+    return {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in batch.items()}
+
+
 class RolloutStage:
+    """Admission around the rollout workflow: per row, a ticket from the driver's
+    staleness gate (waiting while it is full), the workflow's episode through the
+    engine client, then the ticket, admitted version and stream position written
+    into the group it returned."""
+
     def __init__(self, driver_name: str, namespace: str, app_name: str,
                  deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
-                 generation: int = 0):
+                 generation: int = 0, workflow: str = SINGLE_TURN,
+                 workflow_kwargs: dict | None = None):
         # Token ids in and out: the rollout app encodes the prompt and decodes the
         # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
         # which unpickle this module) never imports transformers or torch.
         self.driver = ray.get_actor(driver_name, namespace=namespace)
-        self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
-        self.n, self.max_new_tokens, self.temperature = group_size, max_new_tokens, temperature
+        self.client = EngineClient.for_app(app_name, deployment_name)
+        self.workflow = build_workflow(
+            workflow, EpisodeConfig(group_size, max_new_tokens, temperature), workflow_kwargs)
         self.generation = generation
+        self.tickets = Tickets(self._acquire)
 
-    async def _call(self, method: str, *args):
-        """A call to the rollout app that outlives its replica: when the replica dies
-        under it (Serve replaces it), the same call goes again, to a live one. For a
-        generation round the samples keep every token of their earlier rounds and
-        redo only this round's, like samples interrupted by a weight push."""
-        for attempt in range(REPLICA_RETRIES + 1):
-            try:
-                return await getattr(self.handle, method).remote(*args)
-            except ray.exceptions.RayActorError as e:
-                if attempt == REPLICA_RETRIES:
-                    raise
-                logger.warning("rollout replica lost during %s (%s); retrying on a live one",
-                               method, type(e).__name__)
-                await asyncio.sleep(min(0.5 * 2 ** attempt, 10.0))
+    async def _acquire(self, pos: int) -> tuple[int, int] | None:
+        return await self.driver.acquire.remote(pos, self.generation)
 
-    async def _generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
-                              temperature: float) -> list[dict]:
-        return await self._call("generate_batch", input_ids, max_new_tokens, temperature)
+    async def episode(self, row: dict) -> Group | None:
+        """The group of `row`, admitted; None when the row is not admitted or the
+        workflow rejected it."""
+        admitted = await self.tickets.admit(row["pos"])
+        if admitted is None:  # run closed, an old pipeline, or consumed before resume
+            return None
+        ticket, version = admitted
+        try:
+            group = await self.workflow.arun_episode(self.client, row)
+        except BaseException:
+            await self.driver.finish.remote(self.generation)
+            raise
+        if group is None:  # rejected: the ticket goes to the next row (tickets.py)
+            self.tickets.give_back((ticket, version))
+            return None
+        await self.driver.finish.remote(self.generation)
+        check_episode(group, self.workflow)
+        group.ticket, group.admitted_version, group.pos = ticket, version, row["pos"]
+        return group
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict:
         tickets, groups = [], []
         for i in range(len(batch["prompt"])):
-            pos = int(batch["pos"][i])
-            admitted = await self.driver.acquire.remote(pos, self.generation)
-            if admitted is None:  # run closed, an old pipeline, or consumed before resume
+            group = await self.episode(_row(batch, i))
+            if group is None:
                 continue
-            ticket, version = admitted
-            try:
-                prompt = str(batch["prompt"][i])
-                ids = await self._call("encode", prompt)
-                samples = await generate_group(self._generate_batch, ids, self.n,
-                                               self.max_new_tokens, self.temperature)
-                texts = await self._call("decode_batch", [s.output_ids for s in samples])
-                for s, text in zip(samples, texts):
-                    s.text = text
-            finally:
-                await self.driver.finish.remote(self.generation)
-            g = Group(ticket=ticket, uid=str(batch["uid"][i]), prompt=prompt,
-                      answer=str(batch["answer"][i]), verifier=str(batch["verifier"][i]),
-                      admitted_version=version, samples=samples, pos=pos)
-            row = g.to_row()
+            row = group.to_row()
             tickets.append(row["ticket"])
             groups.append(row["group"])
         if not tickets:
@@ -108,7 +105,8 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
             driver_name=driver_name, namespace=namespace,
             app_name=app_name, deployment_name=deployment_name,
             group_size=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, generation=generation),
+            temperature=cfg.rollout.temperature, generation=generation,
+            workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs)),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
                                   max_concurrent_calls_per_actor=concurrent))
     ds = ds.map_batches(
@@ -117,7 +115,7 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
             timeout_s=cfg.reward.timeout_s, code_timeout_s=cfg.reward.code_timeout_s,
             code_opts={"time_limit_s": cfg.reward.code_time_limit_s,
                        "memory_limit_mb": cfg.reward.code_memory_limit_mb},
-            driver_name=driver_name, namespace=namespace),
+            driver_name=driver_name, namespace=namespace, checkers=dict(cfg.reward.checkers)),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
     return ds
 

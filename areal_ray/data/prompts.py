@@ -36,9 +36,10 @@ class Fields:
     template: str = ""
     answer_field: str = "answer"
     pattern: re.Pattern | None = None
+    verifiers: tuple[str, ...] = VERIFIERS  # the names a row may give (reward/registry.py)
 
     @classmethod
-    def of(cls, task) -> Fields:
+    def of(cls, task, verifiers: tuple[str, ...] = VERIFIERS) -> Fields:
         """From the task config; a template or regex that cannot work fails here, once,
         rather than on every row."""
         try:
@@ -52,7 +53,7 @@ class Fields:
             pattern = re.compile(task.answer_pattern) if task.answer_pattern else None
         except re.error as e:
             raise ConfigError(f"task.answer_pattern: not a valid regex ({e})") from e
-        return cls(task.prompt_template, task.answer_field, pattern)
+        return cls(task.prompt_template, task.answer_field, pattern, tuple(verifiers))
 
 
 PLAIN = Fields()
@@ -92,8 +93,9 @@ def check_row(row: object, where: str, fields: Fields = PLAIN) -> dict:
         raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     # Set only once the row is mapped, so mapping errors list the row's own fields.
     verifier = "math" if row.get("verifier") is None else row["verifier"]  # None: a table's null
-    if verifier not in VERIFIERS:
-        raise DatasetError(f"{where}: verifier {verifier!r} is not one of {VERIFIERS}")
+    if verifier not in fields.verifiers:
+        raise DatasetError(f"{where}: verifier {verifier!r} is not one of {fields.verifiers} "
+                           "(reward.checkers adds more)")
     if fields.template:
         row["prompt"] = _prompt(row, where, fields.template)
     if verifier == "code":
@@ -122,12 +124,14 @@ def embedded_rows(seed: int, n: int, task) -> list[dict]:
     return [p.to_row(f"arith-{seed}-{i}") for i, p in enumerate(split)]
 
 
-def train_stream(task, n_needed: int):
-    """The stream of the `n_needed` prompts training consumes, in training order."""
+def train_stream(task, n_needed: int, verifiers: tuple[str, ...] = VERIFIERS):
+    """The stream of the `n_needed` prompts training consumes, in training order;
+    `verifiers`: the names its rows may give (registry.verifier_names)."""
     from areal_ray.data.stream import file_stream, rows_stream  # ray.data: not for config checks
     if not task.train_path:
         return rows_stream(embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task))
-    return file_stream(task.train_path, n_needed, task.seed, task.shuffle_window, Fields.of(task))
+    return file_stream(task.train_path, n_needed, task.seed, task.shuffle_window,
+                       Fields.of(task, verifiers))
 
 
 def train_rows(task, n_needed: int) -> list[dict]:
@@ -136,10 +140,10 @@ def train_rows(task, n_needed: int) -> list[dict]:
     return list(train_stream(task, n_needed))
 
 
-def eval_rows(task) -> list[dict]:
+def eval_rows(task, verifiers: tuple[str, ...] = VERIFIERS) -> list[dict]:
     if not task.eval_path:
         return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task)
-    fields = Fields.of(task)
+    fields = Fields.of(task, verifiers)
     rows = [check_row(row, where, fields) for where, row in islice(iter_rows(task.eval_path), task.n_eval)]
     if not rows:
         raise DatasetError(f"{task.eval_path}: no rows")

@@ -9,6 +9,7 @@ as failed), so a looping program costs one time limit, and a check at most
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -79,3 +80,14 @@ def code_reward(response: str, tests: list[dict], time_limit_s: float = 2.0,
     if code is None:
         return CodeResult(0.0, 0, len(check_tests(tests)), "no fenced code block")
     return run_tests(code, tests, time_limit_s, memory_limit_mb)
+
+
+class CodeChecker:
+    """The built-in `code` verifier (reward/registry.py): `answer` is the JSON list of
+    tests; `opts` may set `time_limit_s` and `memory_limit_mb` per test."""
+
+    def check(self, text: str, answer: str, opts: dict | None = None) -> tuple[float, str]:
+        opts = opts or {}
+        res = code_reward(text, json.loads(answer), opts.get("time_limit_s", 2.0),
+                          opts.get("memory_limit_mb", 512))
+        return res.reward, f"{res.passed}/{res.total} tests: {res.reason}"

@@ -126,3 +126,10 @@ def math_reward(response: str, answer: str) -> float:
         return 1.0 if verify(gold, got, timeout_seconds=_timeout_s()) else 0.0
     except Exception:  # noqa: BLE001 - any failure of a checker is a wrong answer
         return 0.0
+
+
+class MathChecker:
+    """The built-in `math` verifier (reward/registry.py)."""
+
+    def check(self, text: str, answer: str, opts: dict | None = None) -> tuple[float, str]:
+        return math_reward(text, answer), "checked"

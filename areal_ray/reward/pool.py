@@ -9,30 +9,30 @@ or crash training. The pool itself is Ray Data's autoscaling actor pool
 
 from __future__ import annotations
 
-import json
+import functools
 import multiprocessing as mp
 import time
 
 import numpy as np
 
+from areal_ray.reward.registry import BUILTIN, CheckerRegistry
 from areal_ray.types import Group
 
-VERIFIERS = ("math", "code")
+VERIFIERS = tuple(BUILTIN)  # the built-in ones; reward.checkers adds more
+_registries: dict[tuple, CheckerRegistry] = {}  # per checker process, by extra checkers
 
 
-def check(verifier: str, text: str, answer: str, opts: dict | None = None) -> tuple[float, str]:
-    """(reward, reason); runs inside the worker process. For `code`, `answer` is the
-    JSON list of tests."""
-    opts = opts or {}
-    if verifier == "math":
-        from areal_ray.reward.math import math_reward
-        return math_reward(text, answer), "checked"
-    if verifier == "code":
-        from areal_ray.reward.code import code_reward
-        res = code_reward(text, json.loads(answer), opts.get("time_limit_s", 2.0),
-                          opts.get("memory_limit_mb", 512))
-        return res.reward, f"{res.passed}/{res.total} tests: {res.reason}"
-    raise ValueError(f"unknown verifier {verifier!r}")
+def check(verifier: str, text: str, answer: str, opts: dict | None = None,
+          checkers: dict | None = None) -> tuple[float, str] | float:
+    """(reward, reason); runs inside the worker process. The checker is the
+    registry's for `verifier`, the built-ins and `checkers` (name -> dotted path);
+    each is built once per process, all at its first check (`TimedChecker.warm`).
+    For `code`, `answer` is the JSON list of tests."""
+    key = tuple(sorted((checkers or {}).items()))
+    if key not in _registries:
+        _registries[key] = CheckerRegistry(checkers)
+        _registries[key].warm()
+    return _registries[key].check(verifier, text, answer, opts)
 
 
 _REASON_KINDS = ("timeout", "died", "checker error", "no fenced code block", "no code",
@@ -67,7 +67,8 @@ class TimedChecker:
 
     def __init__(self, timeout_s: float = 5.0, fn=check):
         self.timeout_s = timeout_s
-        self.fn = fn  # a module-level function: the spawned process imports it by name
+        # a module-level function (or a partial of one): the spawned process imports it by name
+        self.fn = fn
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
@@ -109,10 +110,11 @@ class TimedChecker:
         return 0.0, f"checker error: {value}"
 
     def warm(self, timeout_s: float = 60.0) -> None:
-        """Start the process and import the math checker now. Paid by the first real
-        check instead, a process start and math-verify's import (seconds on a busy
-        machine) would count against that check's deadline."""
-        if self.fn is check:
+        """Start the process and build the checkers now (math-verify's import, and
+        any of reward.checkers). Paid by the first real check instead, a process start
+        and those imports (seconds on a busy machine) would count against that
+        check's deadline."""
+        if getattr(self.fn, "func", self.fn) is check:
             self("math", "0", "0", timeout_s=max(timeout_s, self.timeout_s))
 
     def close(self) -> None:
@@ -124,8 +126,10 @@ class RewardStage:
 
     def __init__(self, timeout_s: float = 5.0, code_timeout_s: float = 30.0,
                  code_opts: dict | None = None, check_fn=check, driver_name: str = "",
-                 namespace: str = ""):
-        self.checker = TimedChecker(timeout_s, fn=check_fn)
+                 namespace: str = "", checkers: dict | None = None):
+        # `checkers` (reward.checkers) travel to the checker process with the function.
+        fn = functools.partial(check_fn, checkers=dict(checkers)) if checkers else check_fn
+        self.checker = TimedChecker(timeout_s, fn=fn)
         self.checker.warm()  # while the run starts up, not in the first step
         self.code_timeout_s = code_timeout_s
         self.code_opts = code_opts or {}

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from areal_ray.config import ConfigError, load_config
-from areal_ray.data.prompts import DatasetError, eval_rows, read_prompts, train_rows
+from areal_ray.data.prompts import DatasetError, eval_rows, read_prompts, train_rows, train_stream
 from tests.data.test_sources import GSM8K, SOURCES, write_jsonl, write_parquet
 
 
@@ -33,6 +33,19 @@ def test_math_and_code_rows(tmp_path):
 def test_bad_rows_are_clear_errors(tmp_path, bad, match):
     with pytest.raises(DatasetError, match=match):
         read_prompts(write(tmp_path, [{"prompt": "ok", "answer": "1"}, bad]))
+
+
+def test_a_verifier_of_reward_checkers_is_a_row_only_where_it_is_known(tmp_path):
+    """Rows may name the extra checkers' verifiers that the job passes in
+    (reward.checkers, areal_ray/reward/registry.py); without them it is an error."""
+    p = write(tmp_path, [{"prompt": "x", "answer": "3", "verifier": "length"}])
+    cfg = load_config(None, [f"task.train_path={p}", f"task.eval_path={p}"])
+    with pytest.raises(DatasetError, match=r"verifier 'length' is not one of \('math', 'code'\) "
+                                           r"\(reward.checkers adds more\)"):
+        eval_rows(cfg.task)
+    names = ("code", "length", "math")
+    assert [r["verifier"] for r in eval_rows(cfg.task, names)] == ["length"]
+    assert [r["answer"] for r in train_stream(cfg.task, 2, names)] == ["3", "3"]
 
 
 def test_train_rows_cycle_epochs_each_prompt_once_per_epoch(tmp_path):

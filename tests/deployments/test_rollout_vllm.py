@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
-from areal_ray.rollout.workflow import generate_group
+from areal_ray.rollout.interruptible import generate_group
 from areal_ray.train.push import WeightPusher
 from areal_ray.weights import digest
 from deployments.rollout import build_app

@@ -21,7 +21,7 @@ from areal_ray.rollout.vllm_engine import (
     parse_output,
     sampling_kwargs,
 )
-from areal_ray.rollout.workflow import generate_interruptible
+from areal_ray.rollout.interruptible import generate_interruptible
 from areal_ray.weights import digest
 from tests.train.test_push import perturb
 

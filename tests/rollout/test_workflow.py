@@ -1,70 +1,128 @@
-"""Interruptible rollout: resubmission keeps the budget, versions step at the resume point,
-and the resumed tokens' logprobs are those of the new weights (invariant 4, docs/architecture.md)."""
+"""Rollout workflows without Ray: the single-turn episode on a real engine, the shape a
+workflow class must have (checked before Ray starts), and what an episode may return.
+The rollout stage running a workflow chosen by path: tests/data/test_pipeline.py."""
 
 import asyncio
 
+import pytest
 import torch
 
-from areal_ray.algo.logprobs import pad_batch, token_logprobs
+from areal_ray.config import Config, load_config
+from areal_ray.plugins import PluginError, check_plugins
 from areal_ray.rollout.engine import GenerationRequest
+from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.hf_engine import HFEngine
-from areal_ray.rollout.workflow import generate_group, generate_interruptible
+from areal_ray.rollout.workflow import (SINGLE_TURN, EpisodeConfig, RolloutWorkflow,
+                                        SingleTurnWorkflow, build_workflow, check_episode,
+                                        group_of)
+from areal_ray.types import Group, Sample
+
+ROW = {"uid": "u7", "prompt": "12+3=", "answer": "15", "verifier": "math", "pos": 7}
 
 
-async def push_during(engine, generation, new_state):
-    """Run `generation`; once the engine is generating, push `new_state` as version 1."""
-    task = asyncio.ensure_future(generation)
-    while engine.load()["running"] == 0:
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(0.05)
-    await engine.update_weights(new_state, version=1)
-    return await task
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
 
 
-def test_interrupted_generation_finishes_with_full_budget(random_model_dir):
-    torch.manual_seed(0)
-    engine = HFEngine(random_model_dir)
-    new_state = {k: v * 1.05 for k, v in engine.model.state_dict().items()}
-    budget, prompt = 300, [5, 6, 7, 8]
+class InProcessApp:
+    """A stand-in for the rollout Serve app's handle (`handle.<method>.remote`) over a
+    real engine and its tokenizer, in this process."""
 
-    async def gen(ids, n, temperature):
-        res = await engine.generate(GenerationRequest(ids, n, temperature, ignore_eos=True))
-        return {"output_ids": res.output_ids, "logprobs": res.logprobs,
-                "versions": res.versions, "stop_reason": res.stop_reason}
+    def __init__(self, engine: HFEngine):
+        self.engine = engine
+        self.encode = _Method(self._encode)
+        self.decode_batch = _Method(self._decode_batch)
+        self.generate_batch = _Method(self._generate_batch)
 
-    sample = asyncio.run(push_during(engine, generate_interruptible(gen, prompt, budget, 1.0), new_state))
-    assert len(sample.output_ids) == budget and sample.stop_reason == "length"
-    assert sample.n_resubmits >= 1
-    k = sample.versions.index(1)  # the resume point
-    assert 0 < k < budget
-    assert sample.versions == [0] * k + [1] * (budget - k)
-    # After the resume the logprobs are the new weights' (KV recomputed from scratch).
-    b = pad_batch([dict(prompt_ids=prompt, output_ids=sample.output_ids, logprobs=sample.logprobs,
-                        versions=sample.versions, advantage=0.0)], engine.pad_id)
-    tf = token_logprobs(engine.model, b["input_ids"], b["attention_mask"], 1.0)[b["loss_mask"]]
-    beh = b["behavior_logprobs"][b["loss_mask"]]
-    assert torch.allclose(tf[k:], beh[k:], atol=1e-4)
-    assert not torch.allclose(tf[:k], beh[:k], atol=1e-4)  # old tokens came from other weights
+    async def _encode(self, text):
+        return self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    async def _decode_batch(self, ids):
+        return self.engine.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-def test_a_group_resubmits_its_aborted_samples_in_one_round(random_model_dir):
-    torch.manual_seed(0)
-    engine = HFEngine(random_model_dir)
-    new_state = {k: v * 1.05 for k, v in engine.model.state_dict().items()}
-    budget, prompt, n = 120, [5, 6, 7, 8], 4
-    rounds = []
-
-    async def generate_batch(ids_list, budgets, temperature):
-        rounds.append(list(budgets))
-        results = await asyncio.gather(*[engine.generate(GenerationRequest(ids, b, temperature, ignore_eos=True))
-                                         for ids, b in zip(ids_list, budgets)])
+    async def _generate_batch(self, ids_list, budgets, temperature):
+        results = await asyncio.gather(*[self.engine.generate(GenerationRequest(ids, n, temperature))
+                                         for ids, n in zip(ids_list, budgets)])
         return [r.to_dict() for r in results]
 
-    samples = asyncio.run(push_during(engine, generate_group(generate_batch, prompt, n, budget, 1.0),
-                                      new_state))
-    assert len(rounds) >= 2 and rounds[0] == [budget] * n
-    assert len(rounds[1]) == n and all(0 < b < budget for b in rounds[1])  # all were running: all resumed
-    for s in samples:
-        assert len(s.output_ids) == budget and s.n_resubmits >= 1 and s.prompt_ids == prompt
-        k = s.versions.index(1)
-        assert s.versions == [0] * k + [1] * (budget - k)
+
+def test_single_turn_episode_is_one_group_of_the_row(random_model_dir):
+    torch.manual_seed(0)
+    engine = HFEngine(random_model_dir)
+    client = EngineClient(InProcessApp(engine))
+    workflow = build_workflow(SINGLE_TURN, EpisodeConfig(group_size=3, max_new_tokens=6,
+                                                         temperature=1.0))
+    assert isinstance(workflow, SingleTurnWorkflow) and isinstance(workflow, RolloutWorkflow)
+    group = asyncio.run(workflow.arun_episode(client, ROW))
+    prompt_ids = engine.tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+    assert (group.uid, group.prompt, group.answer, group.verifier) == ("u7", "12+3=", "15", "math")
+    assert group.ticket == -1 and group.admitted_version == -1  # the rollout stage's to fill
+    assert len(group.samples) == 3
+    for s in group.samples:
+        assert s.prompt_ids == prompt_ids and 1 <= len(s.output_ids) <= 6
+        assert len(s.logprobs) == len(s.versions) == len(s.output_ids)
+        assert s.text == engine.tokenizer.decode(s.output_ids, skip_special_tokens=True)
+
+
+class Tagging:
+    def __init__(self, config, tag="x"):
+        self.config, self.tag = config, tag
+
+    async def arun_episode(self, client, row):
+        return None
+
+
+class Blocking:
+    def arun_episode(self, client, row):  # not a coroutine
+        return None
+
+
+def not_a_class(config):
+    return Tagging(config)
+
+
+def test_the_workflow_is_built_with_the_config_and_its_kwargs():
+    cfg = EpisodeConfig(2, 8, 0.5)
+    w = build_workflow(f"{__name__}.Tagging", cfg, {"tag": "t1"})
+    assert w.config is cfg and w.tag == "t1"
+    assert EpisodeConfig.of(load_config(None, ["rollout.group_size=4"]).rollout) == \
+        EpisodeConfig(4, 96, 1.0)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.workflow=nowhere.Flow"], "rollout.workflow 'nowhere.Flow': no module named 'nowhere'"),
+    (["rollout.workflow=Flow"], "rollout.workflow 'Flow': not a dotted path"),
+    ([f"rollout.workflow={__name__}.Missing"], f"module {__name__} has no attribute 'Missing'"),
+    ([f"rollout.workflow={__name__}.not_a_class"], "not_a_class is a function, not a class"),
+    ([f"rollout.workflow={__name__}.Blocking"], "Blocking.arun_episode must be a coroutine"),
+    ([f"rollout.workflow={__name__}.ROW"], "ROW is a dict, not a class"),
+    ([f"rollout.workflow={__name__}.Group"], "class Group has no method arun_episode()"),
+    (["rollout.workflow_kwargs={tag: 1}"], "unexpected keyword argument 'tag'"),
+    ([f"rollout.workflow={__name__}.Tagging", "rollout.workflow_kwargs={colour: 1}"],
+     "unexpected keyword argument 'colour'"),
+])
+def test_a_bad_workflow_fails_before_ray_naming_the_key(overrides, message):
+    with pytest.raises(PluginError, match="rollout.workflow") as e:
+        check_plugins(load_config(None, overrides))
+    assert message in str(e.value)
+
+
+def test_the_default_and_a_user_workflow_pass_the_check():
+    assert Config().rollout.workflow == SINGLE_TURN
+    check_plugins(load_config(None, []))
+    check_plugins(load_config(None, [f"rollout.workflow={__name__}.Tagging",
+                                     "rollout.workflow_kwargs={tag: t2}"]))
+
+
+def test_an_episode_returns_a_group_with_samples_or_none():
+    g = group_of(ROW, [Sample([1], [2], [-0.1], [0], "stop")])
+    assert check_episode(g, Tagging(None)) is g
+    with pytest.raises(TypeError, match="Tagging.arun_episode returned a Group without samples"):
+        check_episode(group_of(ROW, []), Tagging(None))
+    with pytest.raises(TypeError, match="returned dict: it must return a Group"):
+        check_episode({"samples": []}, Tagging(None))
+    assert isinstance(g, Group) and g.pos == -1

@@ -1,0 +1,57 @@
+"""User code plugged in by dotted path: the rollout workflow and extra reward checkers.
+
+The config names a class as "package.module.Class" (`rollout.workflow`,
+`reward.checkers`). Each is imported where it runs (the rollout stage's actor, the
+reward checker's process) and once more by `check_plugins` before Ray starts, so a
+path that does not import, names no class, or names a class without the method its
+role needs fails the job in seconds with a message naming the key, not minutes later
+inside an actor. Nothing here imports torch; user code that does pays for it only in
+processes that import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from areal_ray.config import ConfigError
+
+
+class PluginError(ConfigError):
+    """A dotted path in the config that cannot be used; the message names the key."""
+
+
+def import_class(path: object, key: str, method: str, coroutine: bool = False) -> type:
+    """The class at `path`, which must have `method` (an `async def` if `coroutine`).
+    `key` is the config key that named it, for the message."""
+    where = f"{key} {path!r}"
+    if not isinstance(path, str) or "." not in path.strip("."):
+        raise PluginError(f"{where}: not a dotted path of the form 'package.module.Class'")
+    module_name, _, name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PluginError(f"{where}: {str(e)[:1].lower()}{str(e)[1:]}") from e
+    except Exception as e:  # noqa: BLE001 - user code raising on import is the user's to see
+        raise PluginError(f"{where}: importing {module_name} failed: {type(e).__name__}: {e}") from e
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise PluginError(f"{where}: module {module_name} has no attribute {name!r}")
+    if not inspect.isclass(cls):
+        raise PluginError(f"{where}: {name} is a {type(cls).__name__}, not a class")
+    fn = getattr(cls, method, None)
+    if not callable(fn):
+        raise PluginError(f"{where}: class {name} has no method {method}()")
+    if coroutine and not inspect.iscoroutinefunction(fn):
+        raise PluginError(f"{where}: {name}.{method} must be a coroutine (async def)")
+    return cls
+
+
+def check_plugins(cfg) -> tuple[str, ...]:
+    """Import every class the config names by path and check its shape (the rollout
+    workflow; each extra reward checker); raises `PluginError` naming the key.
+    Returns the verifier names a dataset row may give."""
+    from areal_ray.reward.registry import check_checkers
+    from areal_ray.rollout.workflow import EpisodeConfig, check_workflow
+    check_workflow(cfg.rollout.workflow, EpisodeConfig.of(cfg.rollout), cfg.rollout.workflow_kwargs)
+    return check_checkers(cfg.reward.checkers)
