@@ -28,6 +28,7 @@ from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
+from areal_ray.rollout.workflow import SINGLE_TURN
 from areal_ray.plugins import check_plugins
 from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
@@ -164,10 +165,13 @@ def check_memory(cfg: Config, model_path: str) -> None:
 
 
 def prompt_count(cfg: Config) -> int:
-    """Prompts the pipeline needs: one per trained group, more when the dynamic filter
-    may drop some (`algo.dynamic_filter.prompt_factor` per trained group)."""
+    """Prompts the pipeline needs: one per trained group, more when groups may be
+    dropped (`algo.dynamic_filter.prompt_factor` per trained group): by the dynamic
+    filter, or by a workflow of the user's, which may reject rows (the built-in
+    single-turn one never does)."""
     n = cfg.train.steps * cfg.algo.batch_groups
-    return math.ceil(n * cfg.algo.dynamic_filter.prompt_factor) if cfg.algo.dynamic_filter.enabled else n
+    may_drop = cfg.algo.dynamic_filter.enabled or cfg.rollout.workflow != SINGLE_TURN
+    return math.ceil(n * cfg.algo.dynamic_filter.prompt_factor) if may_drop else n
 
 
 @off_event_loop

@@ -72,7 +72,7 @@ class RewardShapingConfig:
 @dataclass(kw_only=True)
 class DynamicFilterConfig:
     enabled: bool = opt(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and roll out replacements")
-    prompt_factor: float = opt(4.0, "prompts supplied per trained group while the filter is on")
+    prompt_factor: float = opt(4.0, "prompts supplied per trained group when groups may be dropped: by the filter, or by a rollout.workflow of your own that rejects rows")
 
     def check(self) -> None:
         require(self.prompt_factor >= 1, "algo.dynamic_filter.prompt_factor must be >= 1")

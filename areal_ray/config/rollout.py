@@ -32,7 +32,7 @@ class RolloutConfig:
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
     max_concurrent_rollouts: int = opt(0, "most prompt groups in flight; 0: (eta+1)*batch_groups")
     torch_threads: int = opt(1, "torch intra-op threads per replica (vllm: OpenMP threads of its engine process)")
-    workflow: str = opt("areal_ray.rollout.workflow.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/architecture.md); a user's own plugs in here")
+    workflow: str = opt("areal_ray.rollout.workflow.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/workflows.md); a user's own plugs in here")
     workflow_kwargs: dict = opt({}, "keyword arguments of the workflow's constructor")
 
     def check(self) -> None:

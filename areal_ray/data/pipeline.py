@@ -24,10 +24,10 @@ from ray.data import ActorPoolStrategy
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
 from areal_ray.data.stream import PromptStream, prompt_dataset
-from areal_ray.data.tickets import Tickets
 from areal_ray.reward.pool import RewardStage
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.workflow import SINGLE_TURN, EpisodeConfig, build_workflow, check_episode
+from areal_ray.rollout.workflow import (SINGLE_TURN, EpisodeConfig, build_workflow, check_episode,
+                                       group_of)
 from areal_ray.types import Group
 
 EMPTY = {"ticket": np.array([], dtype=np.int64), "group": np.array([], dtype=object)}
@@ -56,28 +56,22 @@ class RolloutStage:
         self.workflow = build_workflow(
             workflow, EpisodeConfig(group_size, max_new_tokens, temperature), workflow_kwargs)
         self.generation = generation
-        self.tickets = Tickets(self._acquire)
-
-    async def _acquire(self, pos: int) -> tuple[int, int] | None:
-        return await self.driver.acquire.remote(pos, self.generation)
 
     async def episode(self, row: dict) -> Group | None:
-        """The group of `row`, admitted; None when the row is not admitted or the
-        workflow rejected it."""
-        admitted = await self.tickets.admit(row["pos"])
+        """The group of `row`, admitted; None when the row is not admitted. A row the
+        workflow rejects still holds its ticket, which the trainer waits for in order:
+        it is delivered as a group without samples, which the trainer drops as the
+        dynamic filter drops a group (its slot freed through the gate's rejected count,
+        its position recorded as consumed)."""
+        admitted = await self.driver.acquire.remote(row["pos"], self.generation)
         if admitted is None:  # run closed, an old pipeline, or consumed before resume
             return None
         ticket, version = admitted
         try:
             group = await self.workflow.arun_episode(self.client, row)
-        except BaseException:
+        finally:
             await self.driver.finish.remote(self.generation)
-            raise
-        if group is None:  # rejected: the ticket goes to the next row (tickets.py)
-            self.tickets.give_back((ticket, version))
-            return None
-        await self.driver.finish.remote(self.generation)
-        check_episode(group, self.workflow)
+        group = group_of(row, []) if group is None else check_episode(group, self.workflow)
         group.ticket, group.admitted_version, group.pos = ticket, version, row["pos"]
         return group
 

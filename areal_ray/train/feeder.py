@@ -119,7 +119,8 @@ class StepAssembler:
             if all(done for _, done in views):
                 raise RuntimeError(
                     f"the pipeline ended with step {step} incomplete ({len(take)}/"
-                    f"{self.batch_groups} groups; {len(drop)} dropped by the dynamic filter"
+                    f"{self.batch_groups} groups; {len(drop)} dropped by the dynamic filter or "
+                    "rejected by the rollout workflow"
                     + ("; raise algo.dynamic_filter.prompt_factor)" if drop else ")"))
         self.cursor = t
         rejected = [self._verdicts.pop(d)[1] for d in drop]

@@ -73,9 +73,16 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
     return seqs
 
 
+def has_samples(g: Group) -> bool:
+    """A group without samples is a row the rollout workflow rejected: it held a
+    ticket, and is dropped like a filtered group (data/pipeline.py)."""
+    return bool(g.samples)
+
+
 def informative(g: Group) -> bool:
     """DAPO's dynamic filter: a group whose rewards all agree carries no signal."""
-    return bool(informative_groups(torch.tensor([[s.reward or 0.0 for s in g.samples]]))[0])
+    return has_samples(g) and bool(
+        informative_groups(torch.tensor([[s.reward or 0.0 for s in g.samples]]))[0])
 
 
 def worker_device(use_gpu: bool) -> torch.device:
@@ -135,7 +142,7 @@ def train_loop_per_worker(config: dict) -> None:
     assembler = StepAssembler(
         ShardFeeder(ray.train.get_dataset_shard("train")), batch_groups,
         distributed=dist.is_initialized(),
-        accept=informative if cfg.algo.dynamic_filter.enabled else None,
+        accept=informative if cfg.algo.dynamic_filter.enabled else has_samples,
         next_ticket=state["next_ticket"],
         on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
     pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"])

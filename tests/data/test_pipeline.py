@@ -57,10 +57,12 @@ def test_a_workflow_and_a_checker_named_by_path_run_in_the_pipeline(ray_cluster,
     finally:
         serve.delete(app)
         ray.kill(driver)
-    # One group at a time: each rejected row's ticket went to the next row, so the
-    # trainer's ticket sequence has no hole; the last row's rejection left one spare.
-    assert [g.pos for g in groups] == [0, 2, 4, 6]
-    assert [g.ticket for g in groups] == [0, 1, 2, 3] and gate["started"] == 5
+    # A rejected row keeps its ticket (the trainer walks tickets in order) and comes
+    # as a group without samples, which the trainer drops like a filtered group.
+    assert [g.ticket for g in groups] == list(range(8)) and gate["started"] == 8
+    assert [g.pos for g in groups] == list(range(8))
+    assert [bool(g.samples) for g in groups] == [True, False] * 4
+    groups = [g for g in groups if g.samples]
     assert all(g.admitted_version == 0 and g.meta["tag"] == "kept" for g in groups)
     rewards = [(s.reward, s.reward_reason, float(len(s.text) <= int(g.answer)), f"length {len(s.text)}")
                for g in groups for s in g.samples]
