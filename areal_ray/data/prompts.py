@@ -22,10 +22,11 @@ from pathlib import Path
 from areal_ray.config import ConfigError
 from areal_ray.data.sources import DatasetError, iter_rows, read_rows
 from areal_ray.reward.code import check_tests
-from areal_ray.reward.pool import VERIFIERS
+from areal_ray.reward.registry import BUILTIN
 from areal_ray.task.arith import make_split
 
 EMBEDDED_TRAIN_SEED, EMBEDDED_EVAL_SEED = 1_000, 2_000_000
+BUILT_IN = tuple(BUILTIN)  # math, code; a run's reward.checkers add more
 
 __all__ = ["DatasetError", "Fields", "check_row", "read_prompts", "train_stream", "train_rows", "eval_rows"]
 
@@ -36,10 +37,10 @@ class Fields:
     template: str = ""
     answer_field: str = "answer"
     pattern: re.Pattern | None = None
-    verifiers: tuple[str, ...] = VERIFIERS  # the names a row may give (reward/registry.py)
+    verifiers: tuple[str, ...] = BUILT_IN  # the names a row may give (reward/registry.py)
 
     @classmethod
-    def of(cls, task, verifiers: tuple[str, ...] = VERIFIERS) -> Fields:
+    def of(cls, task, verifiers: tuple[str, ...] = BUILT_IN) -> Fields:
         """From the task config; a template or regex that cannot work fails here, once,
         rather than on every row."""
         try:
@@ -124,7 +125,7 @@ def embedded_rows(seed: int, n: int, task) -> list[dict]:
     return [p.to_row(f"arith-{seed}-{i}") for i, p in enumerate(split)]
 
 
-def train_stream(task, n_needed: int, verifiers: tuple[str, ...] = VERIFIERS):
+def train_stream(task, n_needed: int, verifiers: tuple[str, ...] = BUILT_IN):
     """The stream of the `n_needed` prompts training consumes, in training order;
     `verifiers`: the names its rows may give (registry.verifier_names)."""
     from areal_ray.data.stream import file_stream, rows_stream  # ray.data: not for config checks
@@ -140,7 +141,7 @@ def train_rows(task, n_needed: int) -> list[dict]:
     return list(train_stream(task, n_needed))
 
 
-def eval_rows(task, verifiers: tuple[str, ...] = VERIFIERS) -> list[dict]:
+def eval_rows(task, verifiers: tuple[str, ...] = BUILT_IN) -> list[dict]:
     if not task.eval_path:
         return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task)
     fields = Fields.of(task, verifiers)

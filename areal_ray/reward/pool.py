@@ -15,10 +15,9 @@ import time
 
 import numpy as np
 
-from areal_ray.reward.registry import BUILTIN, CheckerRegistry
+from areal_ray.reward.registry import CheckerRegistry
 from areal_ray.types import Group
 
-VERIFIERS = tuple(BUILTIN)  # the built-in ones; reward.checkers adds more
 _registries: dict[tuple, CheckerRegistry] = {}  # per checker process, by extra checkers
 
 
