@@ -3,7 +3,9 @@
 A `Sample` is one generated answer: the prompt's token ids, the output's token ids,
 the behaviour logprob and policy version of every output token (prompt tokens have
 version -1 by convention and are not stored per token), the stop reason, and after
-the reward stage its reward and the reason for it. A `Group` is the n samples of one
+the reward stage its reward and the reason for it. A multi-turn sample's output also
+holds the tool outputs appended between turns; its `loss_mask` marks which output
+tokens the policy sampled (only those train; tool tokens have logprob 0, version -1). A `Group` is the n samples of one
 prompt plus its admission ticket from the staleness gate, which fixes the training
 step the group belongs to.
 
@@ -29,14 +31,22 @@ class Sample:
     reward: float | None = None
     reward_reason: str = ""
     n_resubmits: int = 0
+    # Per output token: 1 for the policy's own tokens, 0 for tokens it did not sample
+    # (a tool's output appended between turns; logprob 0 and version -1 there). None:
+    # every output token is the policy's (single-turn).
+    loss_mask: list[int] | None = None
+    n_turns: int = 1
+    tool_calls: int = 0
 
     @property
     def min_version(self) -> int:
-        return min(self.versions) if self.versions else -1
+        """The version of the oldest policy token (tool tokens carry -1 and no version)."""
+        return min((v for v in self.versions if v >= 0), default=-1)
 
     def staleness(self, trained_version: int) -> int:
         """Versions between this sample's oldest token and the policy it trains."""
-        return trained_version - self.min_version if self.versions else 0
+        v = self.min_version
+        return trained_version - v if v >= 0 else 0
 
 
 @dataclass

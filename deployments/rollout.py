@@ -162,9 +162,11 @@ class RolloutServer:
             await asyncio.sleep(METRICS_PERIOD_S)
 
     async def generate(self, input_ids: list[int], max_new_tokens: int,
-                       temperature: float = 1.0, ignore_eos: bool = False) -> dict:
+                       temperature: float = 1.0, ignore_eos: bool = False,
+                       stop_ids: list[int] | None = None) -> dict:
         res = await self.engine.generate(GenerationRequest(
-            list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos))
+            list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos,
+            stop_ids=list(stop_ids or ())))
         return res.to_dict()
 
     def encode(self, text: str) -> list[int]:
@@ -176,7 +178,8 @@ class RolloutServer:
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
-                             temperature: float = 1.0, ignore_eos: bool = False) -> list[dict]:
+                             temperature: float = 1.0, ignore_eos: bool = False,
+                             stop_ids: list[int] | None = None) -> list[dict]:
         """Several requests in one call (e.g. the unfinished samples of one prompt group),
         for clients to whom each Serve call is costly: one call routes, and is counted
         against `max_ongoing_requests`, once. Ends when every request has ended."""
@@ -184,7 +187,8 @@ class RolloutServer:
             raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
                              f"{len(max_new_tokens)} max_new_tokens")
         results = await asyncio.gather(*[
-            self.engine.generate(GenerationRequest(list(ids), int(n), temperature, ignore_eos=ignore_eos))
+            self.engine.generate(GenerationRequest(list(ids), int(n), temperature,
+                                                   ignore_eos=ignore_eos, stop_ids=list(stop_ids or ())))
             for ids, n in zip(input_ids, max_new_tokens)])
         return [r.to_dict() for r in results]
 

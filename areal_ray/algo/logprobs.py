@@ -34,14 +34,16 @@ TARGETS = ("loss_mask", "behavior_logprobs", "advantages", "versions", "seq_ids"
 def write_targets(row: dict[str, torch.Tensor], start: int, seq: dict, index: int) -> None:
     """Fill the per-token targets of one sequence that begins at `start` in `row`
     (1-D tensors keyed by TARGETS): its output tokens are predicted at positions
-    start + len(prompt) - 1 onwards. Shared by the padded and the packed layouts.
+    start + len(prompt) - 1 onwards. Shared by the padded and the packed layouts. A
+    multi-turn sequence's `loss_mask` (1 per policy token) keeps the tool tokens out.
 
     `index` is the sequence's position in the micro-batch; it is written to
     "seq_ids" (which stays -1 off the output tokens) because in the packed layout
     nothing else tells a token which sequence it belongs to."""
     p, o = len(seq["prompt_ids"]), len(seq["output_ids"])
     sl = slice(start + p - 1, start + p - 1 + o)
-    row["loss_mask"][sl] = True
+    mask = seq.get("loss_mask")
+    row["loss_mask"][sl] = True if mask is None else torch.tensor(mask, dtype=torch.bool)
     row["behavior_logprobs"][sl] = torch.tensor(seq["logprobs"], dtype=torch.float32)
     row["advantages"][sl] = float(seq["advantage"])
     row["versions"][sl] = torch.tensor(seq["versions"], dtype=torch.long)

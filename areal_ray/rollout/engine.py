@@ -28,6 +28,9 @@ class GenerationRequest:
     temperature: float = 1.0  # 0 means greedy
     rid: str = ""
     ignore_eos: bool = False  # generate the whole budget (benchmarks, tests)
+    # Tokens that end the request like EOS does, kept in the output (stop reason
+    # "stop"): a multi-turn workflow stops at the end of a tool call to run the tool.
+    stop_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -23,6 +23,12 @@ logger = logging.getLogger(__name__)
 REPLICA_RETRIES = 8
 
 
+def _stop_args(stop_ids: list[int] | None) -> tuple:
+    """The app's trailing (ignore_eos, stop_ids) arguments, sent only when there are
+    stop ids, so plain calls stay as they were."""
+    return (False, list(stop_ids)) if stop_ids else ()
+
+
 class EngineClient:
     """Calls to the rollout app through a Serve deployment handle (anything whose
     `handle.<method>.remote(*args)` is awaitable)."""
@@ -56,16 +62,19 @@ class EngineClient:
                 await asyncio.sleep(self.backoff(attempt))
 
     async def generate(self, input_ids: list[int], max_new_tokens: int,
-                       temperature: float) -> dict:
+                       temperature: float, stop_ids: list[int] | None = None) -> dict:
         """One request: `{output_ids, logprobs, versions, stop_reason}`; stop reason
-        "abort" when a weight push interrupted it (resubmit what is left)."""
-        return await self.call("generate", input_ids, max_new_tokens, temperature)
+        "abort" when a weight push interrupted it (resubmit what is left), "stop" at
+        EOS or at one of `stop_ids` (kept as the last output token)."""
+        return await self.call("generate", input_ids, max_new_tokens, temperature,
+                               *_stop_args(stop_ids))
 
     async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
-                             temperature: float) -> list[dict]:
+                             temperature: float, stop_ids: list[int] | None = None) -> list[dict]:
         """Several requests in one Serve call (one result each, in order): cheaper for
         the caller than one call per request."""
-        return await self.call("generate_batch", input_ids, max_new_tokens, temperature)
+        return await self.call("generate_batch", input_ids, max_new_tokens, temperature,
+                               *_stop_args(stop_ids))
 
     async def encode(self, text: str) -> list[int]:
         """Token ids of `text` as generation sees them (no special tokens added)."""

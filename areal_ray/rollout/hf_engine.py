@@ -64,7 +64,8 @@ class _Row:
         return self.req.max_new_tokens - len(self.out)
 
     def finished(self, eos_id: int) -> str | None:
-        if self.out and self.out[-1] == eos_id and not self.req.ignore_eos:
+        if self.out and ((self.out[-1] == eos_id and not self.req.ignore_eos)
+                         or self.out[-1] in self.req.stop_ids):
             return "stop"
         return "length" if self.remaining() <= 0 else None
 

@@ -15,8 +15,9 @@ from areal_ray.types import Sample
 
 # (input_ids, max_new_tokens, temperature) -> engine result as a dict
 GenerateFn = Callable[[list[int], int, float], Awaitable[dict]]
-# (input_ids per request, max_new_tokens per request, temperature) -> one result each
-GenerateBatchFn = Callable[[list[list[int]], list[int], float], Awaitable[list[dict]]]
+# (input_ids per request, max_new_tokens per request, temperature[, stop_ids]) -> one
+# result each
+GenerateBatchFn = Callable[..., Awaitable[list[dict]]]
 
 MAX_RESUBMITS = 1000  # a guard against a service that aborts forever
 
@@ -62,20 +63,29 @@ async def generate_interruptible(generate: GenerateFn, prompt_ids: list[int],
     return part.sample()
 
 
-async def generate_group(generate_batch: GenerateBatchFn, prompt_ids: list[int], n: int,
-                         max_new_tokens: int, temperature: float) -> list[Sample]:
-    """n samples of one prompt, in rounds: each round is one call carrying every open
-    sample (a Serve call costs the caller milliseconds of CPU, so one per group instead
-    of one per sample). A round ends when all its requests have; a weight push aborts
-    every running request of a replica at once, so the aborted ones come back together
-    and are resubmitted together."""
-    parts = [PartialSample(prompt_ids, max_new_tokens) for _ in range(n)]
+async def generate_rounds(generate_batch: GenerateBatchFn, parts: list[PartialSample],
+                          temperature: float, stop_ids: list[int] | None = None) -> None:
+    """Run `parts` (each with its own prompt and budget) to their end, in rounds: each
+    round is one call carrying every open part (a Serve call costs the caller
+    milliseconds of CPU, so one per round instead of one per sample). A round ends when
+    all its requests have; a weight push aborts every running request of a replica at
+    once, so the aborted ones come back together and are resubmitted together.
+    `stop_ids` are passed on only when given (the plain call stays three arguments)."""
+    extra = (list(stop_ids),) if stop_ids else ()
     while pending := [p for p in parts if p.open]:
         calls = [p.next_call() for p in pending]
-        results = await generate_batch([c[0] for c in calls], [c[1] for c in calls], temperature)
+        results = await generate_batch([c[0] for c in calls], [c[1] for c in calls],
+                                       temperature, *extra)
         if len(results) != len(pending):
             raise RuntimeError(f"generate_batch returned {len(results)} results "
                                f"for {len(pending)} requests")
         for p, res in zip(pending, results):
             p.add(res)
+
+
+async def generate_group(generate_batch: GenerateBatchFn, prompt_ids: list[int], n: int,
+                         max_new_tokens: int, temperature: float) -> list[Sample]:
+    """n samples of one prompt (`generate_rounds`)."""
+    parts = [PartialSample(prompt_ids, max_new_tokens) for _ in range(n)]
+    await generate_rounds(generate_batch, parts, temperature)
     return [p.sample() for p in parts]

@@ -89,6 +89,8 @@ def sampling_params(req: GenerationRequest) -> dict:
     """sglang sampling params for `req`: the full distribution at the request's temperature."""
     params = {"max_new_tokens": max(0, req.max_new_tokens), "ignore_eos": req.ignore_eos,
               "top_p": 1.0, "min_p": 0.0}
+    if req.stop_ids:
+        params["stop_token_ids"] = list(req.stop_ids)
     if req.temperature <= 0:
         params.update(temperature=0.0, top_k=1)
     else:

@@ -105,7 +105,7 @@ def sampling_kwargs(req: GenerationRequest) -> dict:
     and the sampled token's logprob."""
     return dict(n=1, temperature=max(0.0, float(req.temperature)), top_p=1.0, top_k=0,
                 min_p=0.0, max_tokens=req.max_new_tokens, ignore_eos=req.ignore_eos,
-                logprobs=0, detokenize=False, skip_special_tokens=False)
+                stop_token_ids=list(req.stop_ids), logprobs=0, detokenize=False, skip_special_tokens=False)
 
 
 def parse_output(completion, version: int, budget: int, rid: str = "") -> GenerationResult:

@@ -68,7 +68,7 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
                 continue
             seqs.append({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
                          "logprobs": s.logprobs, "versions": s.versions,
-                         "advantage": float(adv[gi, si]), "reward": s.reward or 0.0,
+                         "loss_mask": s.loss_mask, "advantage": float(adv[gi, si]), "reward": s.reward or 0.0,
                          "staleness": s.staleness(trained_version), "ticket": g.ticket})
     return seqs
 

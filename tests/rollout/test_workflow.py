@@ -44,8 +44,8 @@ class InProcessApp:
     async def _decode_batch(self, ids):
         return self.engine.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    async def _generate_batch(self, ids_list, budgets, temperature):
-        results = await asyncio.gather(*[self.engine.generate(GenerationRequest(ids, n, temperature))
+    async def _generate_batch(self, ids_list, budgets, temperature, ignore_eos=False, stop_ids=()):
+        results = await asyncio.gather(*[self.engine.generate(GenerationRequest(ids, n, temperature, stop_ids=list(stop_ids)))
                                          for ids, n in zip(ids_list, budgets)])
         return [r.to_dict() for r in results]
 
