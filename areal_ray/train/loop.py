@@ -200,6 +200,11 @@ def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: 
         "filtered_positions": batch.rejected,
         "admitted_versions": [g.admitted_version for g in groups],
         "resubmits": sum(s.n_resubmits for s in samples),
+        # multi-turn workflows: how often the policy called a tool, and the tokens tools
+        # wrote into trajectories (in the sequences, out of the loss)
+        "tool_use_rate": sum(s.tool_calls > 0 for s in samples) / len(samples),
+        "tool_calls": sum(s.tool_calls for s in samples),
+        "tool_tokens": sum(s.loss_mask.count(0) for s in samples if s.loss_mask),
         "truncated_frac": sum(s.stop_reason == "length" for s in samples) / len(samples),
         "reward_reasons": dict(Counter(reason_kind(s.reward_reason) for s in samples)),
         "wait_s": batch.wait_s, **stats,
