@@ -163,10 +163,10 @@ class RolloutServer:
 
     async def generate(self, input_ids: list[int], max_new_tokens: int,
                        temperature: float = 1.0, ignore_eos: bool = False,
-                       stop_ids: list[int] | None = None) -> dict:
+                       stop_ids: list[int] | None = None, seed: int | None = None) -> dict:
         res = await self.engine.generate(GenerationRequest(
             list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos,
-            stop_ids=list(stop_ids or ())))
+            stop_ids=list(stop_ids or ()), seed=seed))
         return res.to_dict()
 
     def encode(self, text: str) -> list[int]:
@@ -179,17 +179,20 @@ class RolloutServer:
 
     async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
                              temperature: float = 1.0, ignore_eos: bool = False,
-                             stop_ids: list[int] | None = None) -> list[dict]:
+                             stop_ids: list[int] | None = None,
+                             seeds: list[int | None] | None = None) -> list[dict]:
         """Several requests in one call (e.g. the unfinished samples of one prompt group),
         for clients to whom each Serve call is costly: one call routes, and is counted
         against `max_ongoing_requests`, once. Ends when every request has ended."""
-        if len(input_ids) != len(max_new_tokens):
+        seeds = [None] * len(input_ids) if seeds is None else list(seeds)
+        if not len(input_ids) == len(max_new_tokens) == len(seeds):
             raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
-                             f"{len(max_new_tokens)} max_new_tokens")
+                             f"{len(max_new_tokens)} max_new_tokens and {len(seeds)} seeds")
         results = await asyncio.gather(*[
             self.engine.generate(GenerationRequest(list(ids), int(n), temperature,
-                                                   ignore_eos=ignore_eos, stop_ids=list(stop_ids or ())))
-            for ids, n in zip(input_ids, max_new_tokens)])
+                                                   ignore_eos=ignore_eos, stop_ids=list(stop_ids or ()),
+                                                   seed=seed))
+            for ids, n, seed in zip(input_ids, max_new_tokens, seeds)])
         return [r.to_dict() for r in results]
 
     def stats(self) -> dict:
