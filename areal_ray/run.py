@@ -212,7 +212,7 @@ def run_training(cfg: Config) -> dict:
     driver_name, app_name = f"areal-driver-{tag}", f"areal-rollout-{tag}"
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
-        cfg.run.push_timeout_s, cfg.run.name)
+        cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     try:
         serve.start(proxy_location="Disabled")
