@@ -29,7 +29,6 @@ import ray
 import torch
 from ray import serve
 from ray.serve.config import RequestRouterConfig
-from transformers import AutoTokenizer
 
 from areal_ray.config import Config
 from areal_ray.metrics import ReplicaMetrics
@@ -37,6 +36,7 @@ from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.rollout.weight_receivers import WeightReceiver
+from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights import NCCL_ENV
 
 logger = logging.getLogger("ray.serve")
@@ -85,7 +85,7 @@ class RolloutServer:
             await self.engine.warmup()
         # The app owns the tokenizer, as inference servers do: clients (the rollout
         # stage) then need no transformers of their own (seconds and ~350 MB a process).
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.update_mode = "abort" if opts.interrupt else "wait"
         self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
