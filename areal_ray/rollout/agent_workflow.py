@@ -108,7 +108,13 @@ class AgentWorkflow:
         """`client` (the engine client) is unused: the agent generates over HTTP."""
         sids = [uuid.uuid4().hex for _ in range(self.config.group_size)]
         try:
-            answers = await asyncio.gather(*[self._run_agent(sid, row) for sid in sids])
+            # Every agent ends before the sessions are deleted (one that raised does
+            # not leave the others writing into deleted sessions); the first error wins.
+            answers = await asyncio.gather(*[self._run_agent(sid, row) for sid in sids],
+                                           return_exceptions=True)
+            for a in answers:
+                if isinstance(a, BaseException):
+                    raise a
             if any(a is None for a in answers):
                 return None
             picked = [pick_sample(s, self.multi_sample)
