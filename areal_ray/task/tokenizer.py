@@ -5,6 +5,10 @@ learn sub-word splits of numbers. It is saved as a `PreTrainedTokenizerFast` and
 loaded back with `AutoTokenizer` like any HF tokenizer; the tokenizer_config names
 its class explicitly, because `AutoTokenizer` would otherwise pick the class that
 belongs to the model type (e.g. Qwen2Tokenizer) and lose the character splitting.
+
+Its chat template concatenates the messages' contents in order, with no role markers:
+a chat agent (deployments/openai_api.py) then produces exactly the token stream of a
+completion-style multi-turn workflow (prompt, model text, tool result, model text...).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from transformers import PreTrainedTokenizerFast
 
 ALPHABET = "0123456789+-*=,.:;()?\\{}abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ #\n/<>_"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
@@ -28,7 +33,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
-        padding_side="left", clean_up_tokenization_spaces=False)
+        padding_side="left", clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE)
 
 
 def save_char_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
