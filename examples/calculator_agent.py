@@ -19,53 +19,11 @@ OpenAI-compatible server.
 
 from __future__ import annotations
 
-import ast
-import operator
+from areal_ray.rollout.tools import ToolCall, calculate, find_call
 
 MODEL = "policy"  # the endpoint serves the run's model under any name
 MAX_TOOL_CALLS = 4
 TOOL = "calc"
-
-try:  # the repository's calculator (exact arithmetic, no eval)
-    from areal_ray.rollout.tools import calculate
-except ImportError:  # not in this checkout: a small safe evaluator of the same contract
-    _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv}
-
-    def _eval(node):
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](_eval(node.left), _eval(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            v = _eval(node.operand)
-            return -v if isinstance(node.op, ast.USub) else v
-        raise ValueError(f"not arithmetic: {ast.unparse(node)!r}")
-
-    def calculate(expression: str) -> str:
-        try:
-            value = _eval(ast.parse(expression.strip(), mode="eval").body)
-        except ZeroDivisionError:
-            return "error: division by zero"
-        except (SyntaxError, ValueError, TypeError, OverflowError) as e:
-            return f"error: {e}"
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        return str(value)
-
-
-def tool_call(text: str) -> str | None:
-    """The arguments of the `calc(...)` call `text` ends with, if it ends with a
-    complete one (parentheses balanced since `calc(`)."""
-    at = text.rfind(TOOL + "(")
-    if at < 0 or not text.endswith(")"):
-        return None
-    args, depth = text[at + len(TOOL) + 1:], 1
-    for i, ch in enumerate(args):
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0:
-            return args[:i] if i == len(args) - 1 else None
-    return None
 
 
 async def calculator_agent(client, row: dict) -> str | None:
@@ -80,13 +38,12 @@ async def calculator_agent(client, row: dict) -> str | None:
         content = resp.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": content})
         transcript += content
-        args = tool_call(content) if resp.choices[0].finish_reason == "stop" else None
-        if args is None:
-            if content.endswith(")") and resp.choices[0].finish_reason == "stop" \
-                    and content.rfind(TOOL + "(") >= 0:
-                continue  # a `)` inside the call's arguments: let the model go on
+        call = find_call(content, [TOOL]) if resp.choices[0].finish_reason == "stop" else None
+        if not isinstance(call, ToolCall):
+            if call is not None:  # a `)` inside the call's arguments: let the model go on
+                continue
             return transcript
-        result = "=" + calculate(args) + "\n"
+        result = "=" + calculate(call.arguments) + "\n"
         messages.append({"role": "tool", "content": result})
         transcript += result
     return transcript

@@ -17,7 +17,6 @@ from areal_ray.rollout.agent_workflow import AgentWorkflow, pick_sample, resolve
 from areal_ray.rollout.openai_protocol import APIError
 from areal_ray.rollout.workflow import EpisodeConfig
 from areal_ray.types import Sample
-from examples.calculator_agent import tool_call
 from tests.rollout.test_openai_service import engine, service  # noqa: F401 - fixture
 
 ROW = {"uid": "u1", "prompt": "4821+3907=", "answer": "8728", "verifier": "math", "pos": 0}
@@ -123,8 +122,3 @@ def test_the_run_fills_in_the_endpoint_url():
                                                        "rollout.openai.enabled=true"]))
     resolve_endpoint(load_config(None, []))  # the single-turn workflow takes no URL
 
-
-def test_the_agent_reads_complete_tool_calls_only():
-    assert tool_call("calc(4821+3907)") == "4821+3907"
-    assert tool_call("x calc((1+2)*3)") == "(1+2)*3"
-    assert tool_call("calc((1+2)") is None and tool_call("\\boxed{3}") is None
