@@ -165,6 +165,20 @@ def check_memory(cfg: Config, model_path: str) -> None:
           f"{p['gpu_gib']} at algo.microbatch.max_tokens={cfg.algo.microbatch.max_tokens}", flush=True)
 
 
+def eval_options(cfg: Config) -> dict:
+    """What held-out evaluation shares with training: the reward checkers, and the
+    rollout workflow (a tool task is evaluated with its tools)."""
+    return {"checkers": cfg.reward.checkers, "workflow": cfg.rollout.workflow,
+            "workflow_kwargs": dict(cfg.rollout.workflow_kwargs)}
+
+
+def eval_line(result: dict) -> str:
+    line = f"accuracy {result['accuracy']:.3f} (n={result['n']})"
+    if "tool_use_rate" in result:
+        line += f", tool use {result['tool_use_rate']:.3f}"
+    return line
+
+
 def prompt_count(cfg: Config) -> int:
     """Prompts the pipeline needs: one per trained group, more when groups may be
     dropped (`algo.dynamic_filter.prompt_factor` per trained group): by the dynamic
@@ -207,10 +221,10 @@ def run_training(cfg: Config) -> dict:
                            name=app_name, route_prefix=None)
         # A resumed run's "before" was measured by the job that started it.
         before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
-                          checkers=cfg.reward.checkers) \
+                          **eval_options(cfg)) \
             if cfg.run.eval_before and not resume else None
         if before:
-            print(f"[areal-ray] eval before: accuracy {before['accuracy']:.3f} (n={before['n']})", flush=True)
+            print(f"[areal-ray] eval before: {eval_line(before)}", flush=True)
 
         DataContext.get_current().enable_progress_bars = False  # ours instead (progress.py)
         pipeline = PipelineFactory(prompts, cfg, driver_name, namespace, app_name,
@@ -252,10 +266,10 @@ def run_training(cfg: Config) -> dict:
             raise RunInterrupted(f"stopped after version {last}: {where}")
 
         after = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
-                         checkers=cfg.reward.checkers) \
+                         **eval_options(cfg)) \
             if cfg.run.eval_after else None
         if after:
-            print(f"[areal-ray] eval after: accuracy {after['accuracy']:.3f} (n={after['n']})", flush=True)
+            print(f"[areal-ray] eval after: {eval_line(after)}", flush=True)
         final_dir = save_final_model(driver, model_path, run_dir / "final_model")
         n_prior = sum(r["version"] <= (tail.start_version or 0) for r in steps)
         loads = ray.get(driver.replica_loads.remote())
@@ -328,4 +342,7 @@ def summarize(cfg: Config, steps: list[dict], before, after, train_s: float, wal
         "reward_first": steps[0]["reward_mean"] if steps else None,
         "reward_last": steps[-1]["reward_mean"] if steps else None,
         "n_samples": n_samples, "n_tokens": n_tokens,
+        **{f"eval_tool_use_{when}": e.get("tool_use_rate", 0.0)
+           for when, e in (("before", before), ("after", after))
+           if cfg.rollout.workflow != SINGLE_TURN and e},
     }

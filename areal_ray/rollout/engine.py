@@ -31,6 +31,10 @@ class GenerationRequest:
     # Tokens that end the request like EOS does, kept in the output (stop reason
     # "stop"): a multi-turn workflow stops at the end of a tool call to run the tool.
     stop_ids: list[int] = field(default_factory=list)
+    # Seed of this request's sampling (None: the engine's own generator). A client
+    # that derives it from what the request is (run seed, prompt position, sample
+    # index, resubmission) gets the same tokens in every run (docs/reproducibility.md).
+    seed: int | None = None
 
 
 @dataclass

@@ -97,7 +97,8 @@ def workflow_class(path: str) -> type:
 
 def check_workflow(path: str, config: EpisodeConfig, kwargs: dict) -> type:
     """`workflow_class`, and its constructor takes (config, **kwargs): checked
-    before Ray starts without building one (a constructor may be costly)."""
+    before Ray starts without building one (a constructor may be costly). A class
+    with a static `check(config, **kwargs)` gets its kwargs' values checked too."""
     cls = workflow_class(path)
     if not isinstance(kwargs, dict):
         raise PluginError(f"rollout.workflow_kwargs must be a mapping, got {type(kwargs).__name__}")
@@ -106,6 +107,8 @@ def check_workflow(path: str, config: EpisodeConfig, kwargs: dict) -> type:
     except TypeError as e:
         raise PluginError(f"{KEY} {path!r} with rollout.workflow_kwargs {kwargs}: "
                           f"the constructor takes (config, **kwargs): {e}") from e
+    if callable(getattr(cls, "check", None)):
+        cls.check(config, **kwargs)
     return cls
 
 

@@ -56,7 +56,8 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
     """One dict per non-empty sample, with its advantage and staleness. For GAE the
     "advantage" is the shaped outcome reward; the critic turns it into per-token ones."""
     rewards = torch.tensor([[s.reward or 0.0 for s in g.samples] for g in groups])
-    lengths = torch.tensor([[len(s.output_ids) for s in g.samples] for g in groups])
+    # The overlong penalty weighs the policy's own tokens: a tool's output is not verbosity.
+    lengths = torch.tensor([[policy_tokens(s) for s in g.samples] for g in groups])
     rs = algo.reward_shaping
     shaped = shape_rewards(rewards, rs.bias, rs.scale, rs.clip,
                            lengths, max_new_tokens, rs.overlong_tokens, rs.overlong_factor)
@@ -71,6 +72,10 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
                          "loss_mask": s.loss_mask, "advantage": float(adv[gi, si]), "reward": s.reward or 0.0,
                          "staleness": s.staleness(trained_version), "ticket": g.ticket})
     return seqs
+
+
+def policy_tokens(s) -> int:
+    return len(s.output_ids) if s.loss_mask is None else sum(s.loss_mask)
 
 
 def has_samples(g: Group) -> bool:
@@ -200,6 +205,11 @@ def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: 
         "filtered_positions": batch.rejected,
         "admitted_versions": [g.admitted_version for g in groups],
         "resubmits": sum(s.n_resubmits for s in samples),
+        # multi-turn workflows: how often the policy called a tool, and the tokens tools
+        # wrote into trajectories (in the sequences, out of the loss)
+        "tool_use_rate": sum(s.tool_calls > 0 for s in samples) / len(samples),
+        "tool_calls": sum(s.tool_calls for s in samples),
+        "tool_tokens": sum(s.loss_mask.count(0) for s in samples if s.loss_mask),
         "truncated_frac": sum(s.stop_reason == "length" for s in samples) / len(samples),
         "reward_reasons": dict(Counter(reason_kind(s.reward_reason) for s in samples)),
         "wait_s": batch.wait_s, **stats,

@@ -43,6 +43,18 @@ def test_per_request_budgets_and_ignore_eos(engine):
     assert [r.stop_reason for r in res] == ["length"] * 3
 
 
+def test_stop_ids_end_a_request_and_stay_in_its_output(engine):
+    """Greedy from a fixed prompt: stopping at the token it emits third ends it there,
+    with that token last, under "stop"; the rest of the batch is unaffected."""
+    free = engine.generate_batch([GenerationRequest([5, 6], 12, 0.0, ignore_eos=True)])[0]
+    stop = free.output_ids[2]
+    first = free.output_ids.index(stop)
+    got = engine.generate_batch([GenerationRequest([5, 6], 12, 0.0, ignore_eos=True, stop_ids=[stop]),
+                                 GenerationRequest([5, 6], 12, 0.0, ignore_eos=True)])
+    assert got[0].output_ids == free.output_ids[:first + 1] and got[0].stop_reason == "stop"
+    assert got[1].output_ids == free.output_ids
+
+
 def test_protocol():
     assert isinstance(HFEngine.__new__(HFEngine), InferenceEngine)
 

@@ -149,6 +149,18 @@ def test_logprobs_match_a_teacher_forced_pass(engine, model, temperature):
         assert logits.argmax(-1).tolist() == res.output_ids
 
 
+def test_stop_ids_end_a_request_with_the_stop_token_kept(engine, model):
+    """A multi-turn workflow stops at a tool call's last token: vLLM must end there
+    and return the token (it is not a special one) with its logprob."""
+    model.load_state_dict(served(engine, model))
+    free = run(engine.generate(GenerationRequest(PROMPT, 12, 0.0, ignore_eos=True)))
+    stop = free.output_ids[2]
+    first = free.output_ids.index(stop)
+    got = run(engine.generate(GenerationRequest(PROMPT, 12, 0.0, ignore_eos=True, stop_ids=[stop])))
+    assert got.output_ids == free.output_ids[:first + 1] and got.stop_reason == "stop"
+    assert len(got.logprobs) == len(got.versions) == first + 1
+
+
 def served(engine, model):
     """The weights the engine serves now: the module's tests push new ones."""
     return getattr(engine, "_test_weights", None) or model.state_dict()
