@@ -22,19 +22,21 @@ from ray import serve
 from ray.data import DataContext
 from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
 from areal_ray.rollout.workflow import SINGLE_TURN
+from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
 from areal_ray.plugins import check_plugins
 from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
 from areal_ray.event_loop import off_event_loop
 from areal_ray.interrupt import RunInterrupted, StopOnInterrupt, in_worker_thread
 from areal_ray.progress import StepProgress
+from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.tracking import RunTracker, lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_trainer_state, save_hf
 from areal_ray.train.driver_watch import DriverWatch, actor_alive
@@ -165,6 +167,22 @@ def check_memory(cfg: Config, model_path: str) -> None:
           f"{p['gpu_gib']} at algo.microbatch.max_tokens={cfg.algo.microbatch.max_tokens}", flush=True)
 
 
+def check_replay(cfg: Config) -> str:
+    """The recorded batches `run.replay` names, as an absolute path (the Train workers
+    run elsewhere), once they are known to cover `train.steps`; "" without a replay."""
+    if not cfg.run.replay:
+        return ""
+    root = (Path(cfg.run.replay) / RECORD_DIR).absolute()
+    have = recorded_steps(root)
+    if have == 0:
+        raise ConfigError(f"run.replay: {root} holds no recorded steps (was the run made "
+                          "with run.record_batches=true?)")
+    if have < cfg.train.steps:
+        raise ConfigError(f"run.replay: {root} holds {have} steps; train.steps is "
+                          f"{cfg.train.steps} (pass train.steps={have} or fewer)")
+    return str(root)
+
+
 def eval_options(cfg: Config) -> dict:
     """What held-out evaluation shares with training: the reward checkers, and the
     rollout workflow (a tool task is evaluated with its tools)."""
@@ -205,6 +223,7 @@ def run_training(cfg: Config) -> dict:
     if not resume and checkpoint_dirs(run_dir / TRAIN_DIR):
         raise ConfigError(f"{run_dir} already holds checkpoints of a run: pass run.resume=true "
                           "to continue it, or choose another run.run_dir")
+    replay_dir = check_replay(cfg)
     init_ray(cfg)
     tracker = RunTracker(cfg, run_dir, resume=resume)
     print(f"[areal-ray] run dir {run_dir}  mlflow run {tracker.run_id}", flush=True)
@@ -213,8 +232,8 @@ def run_training(cfg: Config) -> dict:
     driver_name, app_name = f"areal-driver-{tag}", f"areal-rollout-{tag}"
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
-        cfg.run.push_timeout_s, cfg.run.name)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+        cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic)
+    tokenizer = load_tokenizer(model_path)
     try:
         serve.start(proxy_location="Disabled")
         handle = serve.run(build_app(cfg, model_path, driver_name, namespace),
@@ -227,16 +246,18 @@ def run_training(cfg: Config) -> dict:
             print(f"[areal-ray] eval before: {eval_line(before)}", flush=True)
 
         DataContext.get_current().enable_progress_bars = False  # ours instead (progress.py)
-        pipeline = PipelineFactory(prompts, cfg, driver_name, namespace, app_name,
-                                   DEPLOYMENT_NAME)
+        # A replay trains on the recorded batches: no pipeline, no generation.
+        datasets = {} if replay_dir else {"train": PipelineFactory(
+            prompts, cfg, driver_name, namespace, app_name, DEPLOYMENT_NAME)}
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"cfg": cfg, "driver_name": driver_name, "namespace": namespace,
                                "model_path": model_path, "checkpoint_root": str(run_dir / TRAIN_DIR),
-                               "weights_dir": str(run_dir / "weights")},
+                               "weights_dir": str(run_dir / "weights"),
+                               "batches_dir": str(run_dir / RECORD_DIR), "replay_dir": replay_dir},
             scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
                                          resources_per_worker={"CPU": cfg.train.num_cpus_per_worker}),
-            datasets={"train": pipeline},
+            datasets=datasets,
             dataset_config=DataConfig(enable_shard_locality=False),
             # A fixed name under the run dir: a new job with the same run dir (run.resume)
             # finds the checkpoints, and Ray Train hands the latest to the workers.

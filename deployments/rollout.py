@@ -29,7 +29,6 @@ import ray
 import torch
 from ray import serve
 from ray.serve.config import RequestRouterConfig
-from transformers import AutoTokenizer
 
 from areal_ray.config import Config
 from areal_ray.metrics import ReplicaMetrics
@@ -37,6 +36,7 @@ from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.rollout.weight_receivers import WeightReceiver
+from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights import NCCL_ENV
 
 logger = logging.getLogger("ray.serve")
@@ -85,7 +85,7 @@ class RolloutServer:
             await self.engine.warmup()
         # The app owns the tokenizer, as inference servers do: clients (the rollout
         # stage) then need no transformers of their own (seconds and ~350 MB a process).
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.update_mode = "abort" if opts.interrupt else "wait"
         self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -163,10 +163,10 @@ class RolloutServer:
 
     async def generate(self, input_ids: list[int], max_new_tokens: int,
                        temperature: float = 1.0, ignore_eos: bool = False,
-                       stop_ids: list[int] | None = None) -> dict:
+                       stop_ids: list[int] | None = None, seed: int | None = None) -> dict:
         res = await self.engine.generate(GenerationRequest(
             list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos,
-            stop_ids=list(stop_ids or ())))
+            stop_ids=list(stop_ids or ()), seed=seed))
         return res.to_dict()
 
     def encode(self, text: str) -> list[int]:
@@ -179,17 +179,20 @@ class RolloutServer:
 
     async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
                              temperature: float = 1.0, ignore_eos: bool = False,
-                             stop_ids: list[int] | None = None) -> list[dict]:
+                             stop_ids: list[int] | None = None,
+                             seeds: list[int | None] | None = None) -> list[dict]:
         """Several requests in one call (e.g. the unfinished samples of one prompt group),
         for clients to whom each Serve call is costly: one call routes, and is counted
         against `max_ongoing_requests`, once. Ends when every request has ended."""
-        if len(input_ids) != len(max_new_tokens):
+        seeds = [None] * len(input_ids) if seeds is None else list(seeds)
+        if not len(input_ids) == len(max_new_tokens) == len(seeds):
             raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
-                             f"{len(max_new_tokens)} max_new_tokens")
+                             f"{len(max_new_tokens)} max_new_tokens and {len(seeds)} seeds")
         results = await asyncio.gather(*[
             self.engine.generate(GenerationRequest(list(ids), int(n), temperature,
-                                                   ignore_eos=ignore_eos, stop_ids=list(stop_ids or ())))
-            for ids, n in zip(input_ids, max_new_tokens)])
+                                                   ignore_eos=ignore_eos, stop_ids=list(stop_ids or ()),
+                                                   seed=seed))
+            for ids, n, seed in zip(input_ids, max_new_tokens, seeds)])
         return [r.to_dict() for r in results]
 
     def stats(self) -> dict:

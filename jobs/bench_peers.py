@@ -157,7 +157,7 @@ def run_ours(c: BenchPeersConfig, seed: int, root: Path) -> dict:
 def grade(run: dict, c: BenchPeersConfig) -> None:
     """Greedy held-out accuracy of every saved model of `run`, by our evaluator."""
     from ray import serve
-    from transformers import AutoTokenizer
+    from areal_ray.task.tokenizer import load_tokenizer
 
     from areal_ray.config import load_config
     from areal_ray.data.prompts import eval_rows
@@ -172,7 +172,7 @@ def grade(run: dict, c: BenchPeersConfig) -> None:
         app = f"peers-eval-{run['system']}-{run['seed']}-{m['step']}"
         handle = serve.run(build_app(cfg, m["path"]), name=app, route_prefix=None)
         try:
-            m["accuracy"] = evaluate(handle, AutoTokenizer.from_pretrained(m["path"]), rows,
+            m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows,
                                      cfg.rollout.max_new_tokens)["accuracy"]
         finally:
             serve.delete(app)

@@ -27,7 +27,7 @@ from jobs.cli import run_job
 def run_eval(cfg) -> dict:
     import mlflow
     from ray import serve
-    from transformers import AutoTokenizer
+    from areal_ray.task.tokenizer import load_tokenizer
 
     from areal_ray.data.prompts import eval_rows
     from areal_ray.eval import evaluate
@@ -41,7 +41,7 @@ def run_eval(cfg) -> dict:
     rows = eval_rows(cfg.task, check_checkers(cfg.reward.checkers))
     out = Path(cfg.eval.out or f"runs/eval-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     init_ray(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     app = f"areal-eval-{uuid.uuid4().hex[:8]}"
     serve.start(proxy_location="Disabled")
     handle = serve.run(build_app(cfg, model_path), name=app, route_prefix=None)

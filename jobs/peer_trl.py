@@ -42,7 +42,8 @@ class PeerTRLConfig:
 def run(c: PeerTRLConfig) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from areal_ray.task.tokenizer import load_tokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from areal_ray.config import load_config
@@ -57,7 +58,7 @@ def run(c: PeerTRLConfig) -> dict:
     out = Path(c.out)
     rows = train_rows(cfg.task, c.steps * B)
     ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
     def reward(prompts, completions, answer, **kwargs):

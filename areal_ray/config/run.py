@@ -1,5 +1,6 @@
 """`run.*`: the run as a whole: its name and outputs, the Ray cluster it joins, MLflow,
-evals around training, and resuming."""
+evals around training, resuming, and reproducibility (deterministic generation,
+recorded batches, replay)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ class RunConfig:
     eval_after: bool = opt(True, "greedy eval on the held-out split after training")
     push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
     resume: bool = opt(False, "continue the run in run.run_dir from its last checkpoint")
+    deterministic: bool = opt(False, "reproducible generation: per-request sampling seeds from train.seed, prompts admitted in stream order, the hf engine's batch-invariant layout; bit-identical runs at algo.eta=0 (docs/reproducibility.md)")
+    record_batches: bool = opt(True, "write every step's groups (positions, seeds, token ids, logprobs, versions, rewards) to <run_dir>/batches/, which run.replay retrains")
+    replay: str = opt("", "a recorded run's dir: retrain exactly its steps' batches, in order, without generation (docs/reproducibility.md)")
 
     def check(self) -> None:
+        require(not (self.replay and self.resume), "run.replay and run.resume cannot be combined: a replay starts from the model")
         require(not self.resume or bool(self.run_dir), "run.resume needs run.run_dir (the run to continue)")
         require(self.log_model or not self.register_model, "run.register_model needs run.log_model=true")

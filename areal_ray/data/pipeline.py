@@ -47,14 +47,14 @@ class RolloutStage:
     def __init__(self, driver_name: str, namespace: str, app_name: str,
                  deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
                  generation: int = 0, workflow: str = SINGLE_TURN,
-                 workflow_kwargs: dict | None = None):
+                 workflow_kwargs: dict | None = None, seed: int | None = None):
         # Token ids in and out: the rollout app encodes the prompt and decodes the
         # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
         # which unpickle this module) never imports transformers or torch.
         self.driver = ray.get_actor(driver_name, namespace=namespace)
         self.client = EngineClient.for_app(app_name, deployment_name)
         self.workflow = build_workflow(
-            workflow, EpisodeConfig(group_size, max_new_tokens, temperature), workflow_kwargs)
+            workflow, EpisodeConfig(group_size, max_new_tokens, temperature, seed), workflow_kwargs)
         self.generation = generation
 
     async def episode(self, row: dict) -> Group | None:
@@ -100,7 +100,8 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
             app_name=app_name, deployment_name=deployment_name,
             group_size=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature, generation=generation,
-            workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs)),
+            workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs),
+            seed=EpisodeConfig.of(cfg).seed),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
                                   max_concurrent_calls_per_actor=concurrent))
     ds = ds.map_batches(

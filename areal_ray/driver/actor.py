@@ -62,8 +62,9 @@ async def _alive(handle) -> bool:
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Driver:
     def __init__(self, eta: int, batch_groups: int, max_concurrent: int = 0,
-                 push_timeout_s: float = 120.0, run_name: str = ""):
-        self.admission = Admission(StalenessGate(eta, batch_groups, max_concurrent or None))
+                 push_timeout_s: float = 120.0, run_name: str = "", ordered: bool = False):
+        self.admission = Admission(StalenessGate(eta, batch_groups, max_concurrent or None),
+                                   ordered=ordered)
         self.publication = Publication()
         self.fleet = Fleet()
         self.events = EventLog()
@@ -93,6 +94,8 @@ class Driver:
             if self.admission.arrive(generation):
                 self.cond.notify_all()  # a paused reader may go on
             got = await self._until(lambda: self.admission.decide(position, generation))
+            if got is not None and self.admission.ordered:
+                self.cond.notify_all()  # the next position may be waiting for this one
             return None if got is None else (got.ticket, got.version)
 
     async def finish(self, generation: int = 0) -> None:

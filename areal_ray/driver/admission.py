@@ -58,8 +58,13 @@ class Admitted:
 
 
 class Admission:
-    def __init__(self, gate: StalenessGate):
+    def __init__(self, gate: StalenessGate, ordered: bool = False):
+        """`ordered`: admit prompts strictly in stream order (`run.deterministic`), so
+        ticket k always goes to the same prompt and a step trains the same groups in
+        every run; otherwise in arrival order, which concurrency makes vary."""
         self.gate = gate
+        self.ordered = ordered
+        self.next_position = 0  # ordered: the next stream position to admit
         self.phase = Phase.RUNNING
         self.generation = 0
         self.consumed: set[int] = set()  # prompt positions trained or rejected before the restore
@@ -80,8 +85,19 @@ class Admission:
             return None
         if self.phase is Phase.RESTORING:
             return WAIT
+        if self.ordered and position > self.next_position:
+            return WAIT  # an earlier prompt is still on its way to the gate
         ticket = self.gate.try_acquire()
-        return WAIT if ticket is None else Admitted(ticket, self.gate.state.version)
+        if ticket is None:
+            return WAIT
+        if self.ordered and position == self.next_position:
+            self._advance()
+        return Admitted(ticket, self.gate.state.version)
+
+    def _advance(self) -> None:
+        self.next_position += 1
+        while self.next_position in self.consumed:  # the source skips these
+            self.next_position += 1
 
     def finish(self, generation: int) -> bool:
         """A group of `generation` is generated; False (nothing changed) for an old one."""
@@ -136,6 +152,8 @@ class Admission:
             return
         self.gate.restore(version, next_ticket, rejected)
         self.consumed = set(consumed)
+        self.next_position = -1  # the restarted stream begins at its first unconsumed row
+        self._advance()
         self.phase = Phase.RESTORING
 
     def resume(self) -> None:

@@ -23,9 +23,11 @@ logger = logging.getLogger(__name__)
 REPLICA_RETRIES = 8
 
 
-def _stop_args(stop_ids: list[int] | None) -> tuple:
-    """The app's trailing (ignore_eos, stop_ids) arguments, sent only when there are
-    stop ids, so plain calls stay as they were."""
+def _extra_args(stop_ids: list[int] | None, seeds) -> tuple:
+    """The app's trailing (ignore_eos, stop_ids, seeds) arguments, sent only as far as
+    they are given, so plain calls stay as they were."""
+    if seeds is not None:
+        return False, list(stop_ids or ()), seeds
     return (False, list(stop_ids)) if stop_ids else ()
 
 
@@ -62,19 +64,22 @@ class EngineClient:
                 await asyncio.sleep(self.backoff(attempt))
 
     async def generate(self, input_ids: list[int], max_new_tokens: int,
-                       temperature: float, stop_ids: list[int] | None = None) -> dict:
+                       temperature: float, stop_ids: list[int] | None = None,
+                       seed: int | None = None) -> dict:
         """One request: `{output_ids, logprobs, versions, stop_reason}`; stop reason
         "abort" when a weight push interrupted it (resubmit what is left), "stop" at
-        EOS or at one of `stop_ids` (kept as the last output token)."""
+        EOS or at one of `stop_ids` (kept as the last output token). `seed`: the
+        request's sampling seed (rollout/seeds.py)."""
         return await self.call("generate", input_ids, max_new_tokens, temperature,
-                               *_stop_args(stop_ids))
+                               *_extra_args(stop_ids, seed))
 
     async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
-                             temperature: float, stop_ids: list[int] | None = None) -> list[dict]:
+                             temperature: float, stop_ids: list[int] | None = None,
+                             seeds: list[int | None] | None = None) -> list[dict]:
         """Several requests in one Serve call (one result each, in order): cheaper for
         the caller than one call per request."""
         return await self.call("generate_batch", input_ids, max_new_tokens, temperature,
-                               *_stop_args(stop_ids))
+                               *_extra_args(stop_ids, seeds))
 
     async def encode(self, text: str) -> list[int]:
         """Token ids of `text` as generation sees them (no special tokens added)."""

@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from areal_ray.config.choices import Batching
 from areal_ray.rollout.engine import (
@@ -48,6 +48,7 @@ from areal_ray.rollout.engine import (
     check_pause_mode,
 )
 from areal_ray.rollout.kv_batch import KVBatch, new_cache
+from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights import digest
 
 
@@ -88,7 +89,7 @@ class HFEngine:
         if batching not in Batching.values():
             raise ValueError(f"batching {batching!r} is not one of {Batching.values()}")
         self.device = torch.device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, dtype)).to(self.device).eval()
         text_cfg = self.model.config.get_text_config(decoder=True)

@@ -9,14 +9,15 @@ is still aborted when its budget is used up ends with stop reason "length".
 
 from __future__ import annotations
 
+import functools
 from typing import Awaitable, Callable
 
 from areal_ray.types import Sample
 
 # (input_ids, max_new_tokens, temperature) -> engine result as a dict
 GenerateFn = Callable[[list[int], int, float], Awaitable[dict]]
-# (input_ids per request, max_new_tokens per request, temperature[, stop_ids]) -> one
-# result each
+# (input_ids per request, max_new_tokens per request, temperature, stop_ids=, seeds=)
+# -> one result each
 GenerateBatchFn = Callable[..., Awaitable[list[dict]]]
 
 MAX_RESUBMITS = 1000  # a guard against a service that aborts forever
@@ -25,8 +26,12 @@ MAX_RESUBMITS = 1000  # a guard against a service that aborts forever
 class PartialSample:
     """One sample across its calls: what was generated so far and whether to resubmit."""
 
-    def __init__(self, prompt_ids: list[int], max_new_tokens: int):
+    def __init__(self, prompt_ids: list[int], max_new_tokens: int,
+                 seed: Callable[[int], int] | None = None):
+        """`seed(call)`: the sampling seed of this sample's call number `call` (0 for
+        the first, 1 for the first resubmission, ...); None leaves sampling unseeded."""
         self.prompt_ids, self.max_new_tokens = list(prompt_ids), max_new_tokens
+        self.seed_of = seed
         self.out_ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -41,6 +46,10 @@ class PartialSample:
         """The next request: prompt + everything generated so far, the remaining budget."""
         self.resubmits += 1
         return self.prompt_ids + self.out_ids, self.max_new_tokens - len(self.out_ids)
+
+    def call_seed(self) -> int | None:
+        """The seed of the call `next_call` just described."""
+        return None if self.seed_of is None else self.seed_of(self.resubmits)
 
     def add(self, res: dict) -> None:
         self.out_ids += res["output_ids"]
@@ -70,12 +79,18 @@ async def generate_rounds(generate_batch: GenerateBatchFn, parts: list[PartialSa
     milliseconds of CPU, so one per round instead of one per sample). A round ends when
     all its requests have; a weight push aborts every running request of a replica at
     once, so the aborted ones come back together and are resubmitted together.
-    `stop_ids` are passed on only when given (the plain call stays three arguments)."""
-    extra = (list(stop_ids),) if stop_ids else ()
+    `stop_ids`, and the parts' seeds, are passed on only when there are some (the plain
+    call stays three arguments)."""
     while pending := [p for p in parts if p.open]:
         calls = [p.next_call() for p in pending]
+        seeds = [p.call_seed() for p in pending]
+        extra = {}
+        if stop_ids:
+            extra["stop_ids"] = list(stop_ids)
+        if any(s is not None for s in seeds):
+            extra["seeds"] = seeds
         results = await generate_batch([c[0] for c in calls], [c[1] for c in calls],
-                                       temperature, *extra)
+                                       temperature, **extra)
         if len(results) != len(pending):
             raise RuntimeError(f"generate_batch returned {len(results)} results "
                                f"for {len(pending)} requests")
@@ -84,8 +99,11 @@ async def generate_rounds(generate_batch: GenerateBatchFn, parts: list[PartialSa
 
 
 async def generate_group(generate_batch: GenerateBatchFn, prompt_ids: list[int], n: int,
-                         max_new_tokens: int, temperature: float) -> list[Sample]:
-    """n samples of one prompt (`generate_rounds`)."""
-    parts = [PartialSample(prompt_ids, max_new_tokens) for _ in range(n)]
+                         max_new_tokens: int, temperature: float,
+                         seed: Callable[[int, int], int] | None = None) -> list[Sample]:
+    """n samples of one prompt (`generate_rounds`); `seed(sample, call)` seeds them."""
+    parts = [PartialSample(prompt_ids, max_new_tokens,
+                           None if seed is None else functools.partial(seed, i))
+             for i in range(n)]
     await generate_rounds(generate_batch, parts, temperature)
     return [p.sample() for p in parts]

@@ -22,7 +22,8 @@ output (model and tool tokens) so the trainer's sequence length stays bounded.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Callable
 
 from areal_ray.plugins import PluginError
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
@@ -39,8 +40,11 @@ class ToolEpisode:
     versions, and what it waits for next (a generation round, a tool, or nothing)."""
 
     def __init__(self, prompt_ids: list[int], turn_tokens: int, total_tokens: int,
-                 max_turns: int):
+                 max_turns: int, seed: Callable[[int], int] | None = None):
+        """`seed(call)`: the sampling seed of this sample's engine call number `call`,
+        counted over all its rounds and resubmissions (None: unseeded)."""
         self.prompt_ids = list(prompt_ids)
+        self.seed, self.calls = seed, 0
         self.turn_tokens, self.total_tokens, self.max_turns = turn_tokens, total_tokens, max_turns
         self.out_ids: list[int] = []
         self.logprobs: list[float] = []
@@ -62,7 +66,9 @@ class ToolEpisode:
         if self.budget() <= 0:
             self.finish("length")
             return None
-        self.part = PartialSample(self.prompt_ids + self.out_ids, self.budget())
+        first = self.calls
+        self.part = PartialSample(self.prompt_ids + self.out_ids, self.budget(),
+                                  None if self.seed is None else lambda k: self.seed(first + k))
         return self.part
 
     def end_round(self, stop_ids: list[int]) -> bool:
@@ -74,6 +80,7 @@ class ToolEpisode:
         self.versions += part.versions
         self.mask += [1] * len(part.out_ids)
         self.resubmits += max(part.resubmits, 0)
+        self.calls += part.resubmits + 1
         reason = part.sample().stop_reason
         if reason == "stop" and part.out_ids and part.out_ids[-1] in stop_ids:
             return True
@@ -165,8 +172,10 @@ class ToolWorkflow:
         c = self.config
         stop_ids = await self.stop_ids(client)
         prompt_ids = await client.encode(str(row["prompt"]))
+        seeder = c.seeder(int(row.get("pos", -1)))
         episodes = [ToolEpisode(prompt_ids, c.max_new_tokens, self.max_total_tokens,
-                                self.max_turns) for _ in range(c.group_size)]
+                                self.max_turns, None if seeder is None else functools.partial(seeder, i))
+                    for i in range(c.group_size)]
         while running := [(e, p) for e in episodes if (p := e.start_round()) is not None]:
             await generate_rounds(client.generate_batch, [p for _, p in running],
                                   c.temperature, stop_ids)

@@ -19,12 +19,14 @@ Nothing here imports torch or Ray: the rollout actor, and a test, import it chea
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from areal_ray.plugins import PluginError, import_class
 from areal_ray.rollout.interruptible import generate_group
+from areal_ray.rollout.seeds import request_seed
 from areal_ray.types import Group, Sample
 
 if TYPE_CHECKING:
@@ -40,10 +42,22 @@ class EpisodeConfig:
     group_size: int  # samples per prompt
     max_new_tokens: int  # generation budget per sample (per turn for multi-turn ones)
     temperature: float
+    # The run's seed when requests are seeded (`run.deterministic`): seed a request
+    # with `request_seed(seed, row["pos"], sample, call)` (rollout/seeds.py).
+    seed: int | None = None
 
     @classmethod
-    def of(cls, rollout) -> EpisodeConfig:
-        return cls(rollout.group_size, rollout.max_new_tokens, rollout.temperature)
+    def of(cls, cfg) -> EpisodeConfig:
+        """From the run config (`rollout.*`; `train.seed` when `run.deterministic`)."""
+        r = cfg.rollout
+        return cls(r.group_size, r.max_new_tokens, r.temperature,
+                   cfg.train.seed if cfg.run.deterministic else None)
+
+    def seeder(self, position: int):
+        """`seed(sample, call)` for the prompt at `position`, or None when unseeded."""
+        if self.seed is None:
+            return None
+        return functools.partial(request_seed, self.seed, position)
 
 
 @runtime_checkable
@@ -82,7 +96,8 @@ class SingleTurnWorkflow:
         c = self.config
         ids = await client.encode(str(row["prompt"]))
         samples = await generate_group(client.generate_batch, ids, c.group_size,
-                                       c.max_new_tokens, c.temperature)
+                                       c.max_new_tokens, c.temperature,
+                                       c.seeder(int(row.get("pos", -1))))
         texts = await client.decode_batch([s.output_ids for s in samples])
         for s, text in zip(samples, texts):
             s.text = text

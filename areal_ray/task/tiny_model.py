@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, Qwen2Config
 
 from areal_ray.task import arith, tool_arith
-from areal_ray.task.tokenizer import save_char_tokenizer
+from areal_ray.task.tokenizer import load_tokenizer, save_char_tokenizer
 
 
 @dataclass
@@ -222,9 +222,9 @@ def build_tiny(out_dir: str | Path, spec: TinyModelSpec, log=print) -> dict:
     t0 = time.time()
     config = qwen2_config(spec, save_char_tokenizer(out_dir))
     config.save_pretrained(str(out_dir))
-    # The tokenizer as every reader of the model directory loads it (the rollout
+    # The tokenizer as the readers of the model directory load it (the rollout
     # engines, the trainer): trained and checked with exactly those ids (tokenizer.py).
-    tok = AutoTokenizer.from_pretrained(str(out_dir))
+    tok = load_tokenizer(out_dir)
     model = AutoModelForCausalLM.from_config(config)
     result = sft(model, tok, spec, log)
     model.generation_config.pad_token_id = tok.pad_token_id

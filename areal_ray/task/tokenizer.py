@@ -2,9 +2,9 @@
 
 Every character of the task's alphabet is one token, so the tiny model never has to
 learn sub-word splits of numbers. It is saved as a `PreTrainedTokenizerFast` and
-loaded back with `AutoTokenizer` like any HF tokenizer.
+loaded back with `load_tokenizer` (below: the class the directory names).
 
-`AutoTokenizer` (transformers 5) loads a `qwen2` model's tokenizer as `Qwen2Tokenizer`
+`AutoTokenizer` (transformers 5), which readers we do not control may use, loads a `qwen2` model's tokenizer as `Qwen2Tokenizer`
 whatever tokenizer_config.json names: our vocabulary in a BPE model without merges
 (one token per character: the same ids), behind Qwen2's byte-level pre-tokenizer and
 decoder, which write a space as `Ġ` and a newline as `Ċ`, and which silently drop a
@@ -17,6 +17,7 @@ uses neither, and artifacts/tiny keeps its own tokenizer files.)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -45,3 +46,23 @@ def save_char_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     tok = build_char_tokenizer()
     tok.save_pretrained(str(path))
     return tok
+
+
+# The classes a tokenizer_config.json names for a plain `tokenizer.json` tokenizer.
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a model directory, as its tokenizer_config.json names it.
+
+    `AutoTokenizer` in transformers 5 overrides the named class for some model types
+    whose Hub configs are known to be wrong, qwen2 among them: it loads a
+    `Qwen2Tokenizer`, whose byte-level pre-tokenizer silently drops the spaces and
+    newlines of our character-level tokenizer (`"=87 28\n"` became 5 ids, not 7). A
+    directory whose config names the generic class gets that class; every other
+    tokenizer (a real Qwen's names `Qwen2Tokenizer`) is left to `AutoTokenizer`."""
+    from transformers import AutoTokenizer
+    config = Path(path, "tokenizer_config.json")
+    if config.exists() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))

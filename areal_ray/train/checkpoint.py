@@ -39,7 +39,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from areal_ray.task.tokenizer import load_tokenizer
 
 STATE_FILE = "trainer_state.json"
 
@@ -91,7 +93,7 @@ def save_hf(weights: dict, model_src: str, out: Path) -> Path:
     if set(missing) - tied or unexpected:
         raise ValueError(f"weights do not fit {model_src}: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(model_src).save_pretrained(str(out))
+    load_tokenizer(model_src).save_pretrained(str(out))
     return out
 
 

@@ -10,7 +10,8 @@ which re-opens the staleness gate for the fresh pipeline.
 
 Per step t, on every worker:
   1. the next B accepted groups in ticket order (StepAssembler; the dynamic filter
-     drops all-equal groups and the gate admits replacements);
+     drops all-equal groups and the gate admits replacements), which rank 0 records
+     (train/batch_record.py); a replay (`run.replay`) reads the recorded ones instead;
   2. shaped rewards -> advantages per group (GRPO, Dr.GRPO, RLOO) or outcome rewards
      for GAE; per-sample staleness t - min(versions);
   3. train_step (train/step.py): micro-batches, proximal logprobs, PPO update(s);
@@ -34,6 +35,8 @@ import torch.distributed as dist
 from areal_ray.algo.advantages import advantages, informative_groups, shape_rewards
 from areal_ray.config import AlgoConfig, Config
 from areal_ray.reward.pool import reason_kind
+from areal_ray.rollout.workflow import EpisodeConfig
+from areal_ray.train.batch_record import BatchRecorder, RecordedBatches
 from areal_ray.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -144,16 +147,23 @@ def train_loop_per_worker(config: dict) -> None:
         print(f"[areal-ray] trainer starts at version {start}"
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
-    assembler = StepAssembler(
-        ShardFeeder(ray.train.get_dataset_shard("train")), batch_groups,
-        distributed=dist.is_initialized(),
-        accept=informative if cfg.algo.dynamic_filter.enabled else has_samples,
-        next_ticket=state["next_ticket"],
-        on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
+    if cfg.run.replay:  # the recorded run's steps, not the pipeline (batch_record.py)
+        assembler = RecordedBatches(config["replay_dir"])
+    else:
+        assembler = StepAssembler(
+            ShardFeeder(ray.train.get_dataset_shard("train")), batch_groups,
+            distributed=dist.is_initialized(),
+            accept=informative if cfg.algo.dynamic_filter.enabled else has_samples,
+            next_ticket=state["next_ticket"],
+            on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
+    recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.of(cfg).seed) \
+        if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
     pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"])
     t_start = t_prev = time.perf_counter()
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)
+        if recorder is not None:
+            recorder.write(step, batch)
         groups = batch.groups
         consumed += [g.pos for g in groups] + batch.rejected
         seqs = flatten_groups(groups, cfg.algo, cfg.rollout.max_new_tokens, trained_version=step)

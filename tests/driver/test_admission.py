@@ -135,3 +135,29 @@ def test_wait_stays_one_object_through_pickling():
     import cloudpickle
     assert pickle.loads(pickle.dumps(WAIT)) is WAIT
     assert cloudpickle.loads(cloudpickle.dumps(WAIT)) is WAIT
+
+
+def test_ordered_admission_gives_tickets_in_stream_order_whatever_the_arrival():
+    a = Admission(StalenessGate(1, 2, None), ordered=True)
+    assert a.decide(1, 0) is WAIT  # position 0 has not been admitted yet
+    assert a.decide(2, 0) is WAIT
+    assert a.decide(0, 0) == Admitted(0, 0)
+    assert a.decide(2, 0) is WAIT
+    assert a.decide(1, 0) == Admitted(1, 0)
+    assert a.decide(2, 0) == Admitted(2, 0)
+
+
+def test_ordered_admission_after_a_restore_starts_at_the_first_unconsumed_position():
+    a = Admission(StalenessGate(0, 2, None), ordered=True)
+    gen = a.begin_generation()
+    a.restore(1, 2, 0, consumed=[0, 1, 3])
+    a.resume()
+    assert a.decide(4, gen) is WAIT
+    assert a.decide(2, gen) == Admitted(2, 1)
+    assert a.decide(4, gen) == Admitted(3, 1)  # 3 was consumed: 4 comes next
+
+
+def test_unordered_admission_takes_arrival_order():
+    a = admission(eta=1, b=2)
+    assert a.decide(1, 0) == Admitted(0, 0)
+    assert a.decide(0, 0) == Admitted(1, 0)

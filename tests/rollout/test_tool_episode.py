@@ -85,3 +85,19 @@ def test_no_tool_result_without_a_turn_or_room_for_it(turns, total, reason):
 def test_bad_workflow_kwargs_name_the_key(kwargs, needle):
     with pytest.raises(PluginError, match=needle):
         ToolWorkflow(EpisodeConfig(2, 8, 1.0), **kwargs)
+
+
+def test_seeds_count_every_engine_call_of_the_sample():
+    """Each call (first, resubmission, next round, next turn) gets the next seed."""
+    seen = []
+    ep = ToolEpisode([1], turn_tokens=10, total_tokens=40, max_turns=3,
+                     seed=lambda call: 1000 + call)
+    for results in ([res([20], 0, "abort"), res([21, CLOSE], 1, "stop")],  # calls 0, 1
+                    [res([22, 2], 1, "stop")]):  # call 2
+        part = ep.start_round()
+        for r in results:
+            part.next_call()
+            seen.append(part.call_seed())
+            part.add(r)
+        ep.end_round([CLOSE])
+    assert seen == [1000, 1001, 1002]

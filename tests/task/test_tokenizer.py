@@ -1,10 +1,11 @@
 from transformers import AutoTokenizer
 
 from areal_ray.task.arith import make_split
+from areal_ray.task.tokenizer import ALPHABET, load_tokenizer
 
 
-def test_char_tokenizer_roundtrips_through_auto_tokenizer(random_model_dir):
-    tok = AutoTokenizer.from_pretrained(random_model_dir)
+def test_char_tokenizer_roundtrips_through_load_tokenizer(random_model_dir):
+    tok = load_tokenizer(random_model_dir)
     for p in make_split(seed=3, n=50):
         text = p.prompt + p.solution
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -13,15 +14,18 @@ def test_char_tokenizer_roundtrips_through_auto_tokenizer(random_model_dir):
     assert tok.eos_token_id is not None and tok.pad_token_id is not None
 
 
-def test_every_character_survives_auto_tokenizer_of_a_qwen2_model(random_model_dir):
-    """transformers loads a qwen2 model's tokenizer as Qwen2Tokenizer (byte-level), which
-    drops characters its vocabulary lacks: newline and space must be there by their
-    byte-level names, and the tokenizer the warm start trains with must agree."""
-    from areal_ray.task.tokenizer import ALPHABET, build_char_tokenizer
+def test_every_character_of_the_alphabet_is_one_token_spaces_and_newlines_too(random_model_dir):
+    """transformers' AutoTokenizer swaps in a Qwen2Tokenizer for a qwen2 model dir:
+    load_tokenizer keeps the tokenizer the dir names. The Qwen2Tokenizer's byte-level
+    pre-tokenizer would drop a space or a newline the vocabulary names as itself; the
+    vocabulary names them `Ġ` and `Ċ`, so it agrees too (a reader we do not control,
+    e.g. an engine's own AutoTokenizer, sees the same ids)."""
+    from areal_ray.task.tokenizer import build_char_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(random_model_dir)
-    ours = build_char_tokenizer()
     text = ALPHABET + "calc(4821+3907)=8728\n\\boxed{8728}  a b\n"
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    assert ids == ours(text, add_special_tokens=False)["input_ids"]
-    assert len(ids) == len(text) and tok.decode(ids) == ours.decode(ids) == text
+    ours = build_char_tokenizer()
+    want = ours(text, add_special_tokens=False)["input_ids"]
+    assert len(want) == len(text) and ours.decode(want) == text
+    for tok in (load_tokenizer(random_model_dir), AutoTokenizer.from_pretrained(random_model_dir)):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == want and tok.decode(ids) == text, type(tok).__name__
