@@ -31,7 +31,6 @@ matter: only the box is graded. Everything is generated from a seed.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
 PROMPT_SUFFIX = "="
@@ -119,20 +118,6 @@ def examples(rng: random.Random, n: int, p_direct: float) -> list[Example]:
 
 # The rollout workflow's view of a turn, for the warm start's own multi-turn check. ------
 
-_CALL = re.compile(re.escape(TOOL) + r"\(([^()]*)\)$")
-_BINARY = re.compile(r"\s*(\d+)\s*([+-])\s*(\d+)\s*")
-
-
-def calculate(arguments: str) -> str:
-    """What the calculator answers for the calls this task's model writes (`a+b`, `a-b`);
-    the workflow's calculator (areal_ray/rollout/tools.py) agrees on these."""
-    m = _BINARY.fullmatch(arguments)
-    if not m:
-        return "error: not arithmetic"
-    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
-    return str(a + b if op == "+" else a - b)
-
-
 def generate_with_tool(model, tok, prompts: list[str], max_turns: int = 3,
                        turn_tokens: int = 24, greedy: bool = True,
                        prefix: str = "") -> list[str]:
@@ -142,9 +127,11 @@ def generate_with_tool(model, tok, prompts: list[str], max_turns: int = 3,
     `\\boxed{` a direct answer)."""
     import torch
 
+    from areal_ray.rollout.tools import ToolCall, calculate, find_call  # the workflow's own
+
     stop = [tok.eos_token_id, tok.convert_tokens_to_ids(CALL_END)]
     outs = [prefix for _ in prompts]
-    active, turns = list(range(len(prompts))), [1] * len(prompts)
+    active, turns, turn_start = list(range(len(prompts))), [1] * len(prompts), [0] * len(prompts)
     model.eval()
     while active:
         enc = tok([prompts[i] + outs[i] for i in active], add_special_tokens=False,
@@ -159,10 +146,11 @@ def generate_with_tool(model, tok, prompts: list[str], max_turns: int = 3,
             ids = ids[: ids.index(tok.eos_token_id)] if ended_eos else ids
             ids = [t for t in ids if t != tok.pad_token_id]
             outs[i] += tok.decode(ids, skip_special_tokens=True)
-            call = _CALL.search(outs[i]) if not ended_eos else None
-            if call and turns[i] < max_turns:
-                outs[i] += RESULT_FORMAT.format(calculate(call.group(1)))
+            call = None if ended_eos else find_call(outs[i][turn_start[i]:], (TOOL,))
+            if isinstance(call, ToolCall) and turns[i] < max_turns:
+                outs[i] += RESULT_FORMAT.format(calculate(call.arguments))
                 turns[i] += 1
+                turn_start[i] = len(outs[i])
                 still.append(i)
         active = still
     return outs

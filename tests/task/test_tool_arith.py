@@ -5,8 +5,8 @@ import pytest
 from areal_ray.reward.math import math_reward
 from areal_ray.task import tool_arith
 from areal_ray.task.tokenizer import build_char_tokenizer
-from areal_ray.task.tool_arith import (RESULT_FORMAT, ToolProblem, calculate, examples, make_split,
-                                       render, segments)
+from areal_ray.task.tool_arith import (RESULT_FORMAT, ToolProblem, examples, make_split, render,
+                                       segments)
 
 
 def test_problems_are_reproducible_from_the_seed_and_answers_are_right():
@@ -77,11 +77,13 @@ def test_encode_sft_masks_the_tool_result_in_the_labels():
                        torch.tensor(tok("\\boxed{2}", add_special_tokens=False)["input_ids"]))
 
 
-@pytest.mark.parametrize("args,result", [("4821+3907", "8728"), ("1203-998", "205"),
-                                         (" 12 + 3 ", "15"), ("12*3", "error: not arithmetic"),
-                                         ("12+", "error: not arithmetic")])
-def test_calculate_agrees_with_the_task(args, result):
-    assert calculate(args) == result
+def test_the_workflows_calculator_answers_every_call_of_the_task():
+    from areal_ray.rollout.tools import ToolCall, calculate, find_call
+
+    for p in make_split(seed=5, n=200):
+        text = render(segments(p, use_tool=True))[0]
+        call = find_call(text[: text.index(")") + 1], (tool_arith.TOOL,))
+        assert call == ToolCall("calc", p.expr) and calculate(call.arguments) == p.answer
 
 
 class _ScriptedModel:
