@@ -25,18 +25,7 @@ def import_class(path: object, key: str, method: str, coroutine: bool = False) -
     """The class at `path`, which must have `method` (an `async def` if `coroutine`).
     `key` is the config key that named it, for the message."""
     where = f"{key} {path!r}"
-    if not isinstance(path, str) or "." not in path.strip("."):
-        raise PluginError(f"{where}: not a dotted path of the form 'package.module.Class'")
-    module_name, _, name = path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise PluginError(f"{where}: {str(e)[:1].lower()}{str(e)[1:]}") from e
-    except Exception as e:  # noqa: BLE001 - user code raising on import is the user's to see
-        raise PluginError(f"{where}: importing {module_name} failed: {type(e).__name__}: {e}") from e
-    cls = getattr(module, name, None)
-    if cls is None:
-        raise PluginError(f"{where}: module {module_name} has no attribute {name!r}")
+    cls, name = _import_attr(path, where, "Class")
     if not inspect.isclass(cls):
         raise PluginError(f"{where}: {name} is a {type(cls).__name__}, not a class")
     fn = getattr(cls, method, None)
@@ -45,6 +34,35 @@ def import_class(path: object, key: str, method: str, coroutine: bool = False) -
     if coroutine and not inspect.iscoroutinefunction(fn):
         raise PluginError(f"{where}: {name}.{method} must be a coroutine (async def)")
     return cls
+
+
+def _import_attr(path: object, where: str, kind: str) -> tuple[object, str]:
+    """The object at dotted `path` and its name; PluginError starting with `where`."""
+    if not isinstance(path, str) or "." not in path.strip("."):
+        raise PluginError(f"{where}: not a dotted path of the form 'package.module.{kind}'")
+    module_name, _, name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PluginError(f"{where}: {str(e)[:1].lower()}{str(e)[1:]}") from e
+    except Exception as e:  # noqa: BLE001 - user code raising on import is the user's to see
+        raise PluginError(f"{where}: importing {module_name} failed: {type(e).__name__}: {e}") from e
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise PluginError(f"{where}: module {module_name} has no attribute {name!r}")
+    return obj, name
+
+
+def import_function(path: object, key: str, coroutine: bool = False):
+    """The function at `path` (an `async def` if `coroutine`), e.g. an agent;
+    `key` is the config key that named it, for the message."""
+    where = f"{key} {path!r}"
+    fn, name = _import_attr(path, where, "function")
+    if inspect.isclass(fn) or not callable(fn):
+        raise PluginError(f"{where}: {name} is a {type(fn).__name__}, not a function")
+    if coroutine and not inspect.iscoroutinefunction(fn):
+        raise PluginError(f"{where}: {name} must be a coroutine function (async def)")
+    return fn
 
 
 def check_plugins(cfg) -> tuple[str, ...]:

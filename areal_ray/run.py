@@ -28,6 +28,7 @@ from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
+from areal_ray.rollout.agent_workflow import resolve_endpoint
 from areal_ray.rollout.workflow import SINGLE_TURN
 from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
 from areal_ray.plugins import check_plugins
@@ -43,6 +44,7 @@ from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.utilization import length_stats, rollout_idle, steady_state
 from areal_ray.weights import state_from
+from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -212,6 +214,7 @@ def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
     check_memory(cfg, model_path)
+    resolve_endpoint(cfg)  # an agent workflow's base_url: the endpoint of rollout.openai
     verifiers = check_plugins(cfg)  # rollout.workflow, reward.checkers: bad paths fail here
     prompts = train_stream(cfg.task, prompt_count(cfg), verifiers)
     held_out = eval_rows(cfg.task, verifiers)
@@ -235,9 +238,7 @@ def run_training(cfg: Config) -> dict:
         cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic)
     tokenizer = load_tokenizer(model_path)
     try:
-        serve.start(proxy_location="Disabled")
-        handle = serve.run(build_app(cfg, model_path, driver_name, namespace),
-                           name=app_name, route_prefix=None)
+        handle = start_rollout_app(cfg, model_path, driver_name, namespace, app_name)
         # A resumed run's "before" was measured by the job that started it.
         before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
                           **eval_options(cfg)) \
@@ -312,6 +313,29 @@ def run_training(cfg: Config) -> dict:
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)
+
+
+def start_rollout_app(cfg: Config, model_path: str, driver_name: str, namespace: str,
+                      app_name: str):
+    """Start the rollout Serve app; the handle of its Rollout deployment. With
+    `rollout.openai.enabled` the app's ingress is the OpenAI endpoint
+    (deployments/openai_api.py) behind Serve's HTTP proxy on `rollout.openai.port`,
+    so the Rollout deployment is looked up by name rather than taken from `serve.run`.
+    Serve's proxy settings are the cluster's: on a cluster where Serve already runs,
+    `serve.start` keeps the ones it was started with."""
+    app = build_app(cfg, model_path, driver_name, namespace)
+    endpoint = cfg.rollout.openai
+    if endpoint.enabled:
+        serve.start(proxy_location="HeadOnly",
+                    http_options={"host": endpoint.host, "port": endpoint.port})
+        serve.run(build_openai_app(cfg, app, model_path), name=app_name,
+                  route_prefix=endpoint.route_prefix)
+        print(f"[areal-ray] OpenAI endpoint at {endpoint.base_url(ray.util.get_node_ip_address())}"
+              "/sessions/<sid>/v1", flush=True)
+    else:
+        serve.start(proxy_location="Disabled")
+        serve.run(app, name=app_name, route_prefix=None)
+    return serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app_name)
 
 
 def driver_lost(driver_name: str, cfg: Config, run_dir: Path) -> str:

@@ -1,13 +1,40 @@
 """`rollout.*`: the inference engines that generate training samples, as Ray Serve
 replicas (engine, batching, routing, autoscaling, sampling), and the workflow that turns
-a dataset row into a trained trajectory group."""
+a dataset row into a trained trajectory group; `rollout.openai`: the OpenAI-compatible
+endpoint on the same Serve app (deployments/openai_api.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from areal_ray.config.choices import Batching, RolloutBackend, Router
-from areal_ray.config.section import opt, require
+from areal_ray.config.section import opt, require, section
+
+
+@dataclass(kw_only=True)
+class OpenAIEndpointConfig:
+    enabled: bool = opt(False, "serve an OpenAI-compatible endpoint (/sessions/<sid>/v1/...) on the rollout app, recording each session's tokens for training (docs/workflows.md); Serve then runs its HTTP proxy")
+    host: str = opt("127.0.0.1", "address Serve's HTTP proxy binds (0.0.0.0: reachable from other nodes)")
+    port: int = opt(8000, "port of Serve's HTTP proxy")
+    route_prefix: str = opt("/", "the app's route prefix: agents use http://<host>:<port><prefix>/sessions/<sid>/v1")
+    max_sessions: int = opt(4096, "sessions kept in memory; beyond it the least recently used is dropped")
+    session_ttl_s: float = opt(1800.0, "a session idle for longer is dropped (its calls are gone)")
+    max_ongoing_requests: int = opt(1024, "requests the endpoint's (single) replica accepts at once")
+
+    def check(self) -> None:
+        require(1 <= self.port <= 65535, f"rollout.openai.port must be in [1, 65535], got {self.port}")
+        require(self.route_prefix.startswith("/"),
+                f"rollout.openai.route_prefix must start with '/', got {self.route_prefix!r}")
+        require(self.max_sessions >= 1, "rollout.openai.max_sessions must be >= 1")
+        require(self.session_ttl_s > 0, "rollout.openai.session_ttl_s must be > 0")
+        require(self.max_ongoing_requests >= 1, "rollout.openai.max_ongoing_requests must be >= 1")
+
+    def base_url(self, node_ip: str = "127.0.0.1") -> str:
+        """Where agents reach the app (without /sessions/...): `node_ip` (the head
+        node's, where the proxy runs) when the proxy binds every address."""
+        host = node_ip if self.host in ("0.0.0.0", "::", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}{self.route_prefix.rstrip('/')}"
 
 
 @dataclass(kw_only=True)
@@ -34,6 +61,7 @@ class RolloutConfig:
     torch_threads: int = opt(1, "torch intra-op threads per replica (vllm: OpenMP threads of its engine process)")
     workflow: str = opt("areal_ray.rollout.workflow.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/workflows.md); a user's own plugs in here")
     workflow_kwargs: dict = opt({}, "keyword arguments of the workflow's constructor")
+    openai: OpenAIEndpointConfig = section(OpenAIEndpointConfig, "the OpenAI-compatible endpoint for agent workflows")
 
     def check(self) -> None:
         require(self.group_size >= 1, "rollout.group_size must be >= 1")

@@ -1,0 +1,264 @@
+"""The OpenAI wire format, as the `openai` client sends and parses it: requests checked
+into a `GenRequest`, results written back as `Completion` / `ChatCompletion` JSON.
+
+Only what our engines can honour is accepted. They sample with a temperature, stop at
+EOS or at token ids, and return one sample per request, so:
+
+- `stop` strings must each encode to exactly one token (it becomes a stop id); the
+  stop token stays at the end of the returned text (vLLM's
+  `include_stop_str_in_output=true`): the text the agent appends to its history is
+  then exactly what the model generated, which keeps the session's token chain intact
+  (sessions.py).
+- `n` must be 1; `stream`, `top_p`, penalties, `logit_bias`, `tools`/`functions`,
+  `response_format` other than text, `echo`, `suffix`, `best_of` are refused when set
+  to anything but their defaults: silently ignoring them would change what the agent
+  thinks it sampled. Tool calls are the agent's to parse from the text.
+- Fields that do not change sampling (`user`, `seed`, `metadata`, `store`, ...) are
+  ignored; an unknown field is a 400 naming it, as OpenAI answers.
+- `logprobs` gives the sampled token's logprob only (`top_logprobs` lists are empty).
+- `return_token_ids: true` (an extension, as in vLLM) adds `prompt_token_ids`,
+  `token_ids` and the policy `versions` of the output to the choice.
+- `max_tokens` / `max_completion_tokens` default to the run's `rollout.max_new_tokens`,
+  `temperature` to `rollout.temperature`; `max_tokens` is cut to the model's context.
+
+Every problem is an `APIError` with the HTTP status and a message naming the field; the
+deployment sends it as OpenAI's error body, which the client raises as
+`openai.BadRequestError` (400), `NotFoundError` (404), ...
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+IGNORED = {"user", "seed", "metadata", "store", "service_tier", "prompt_cache_key",
+           "safety_identifier", "parallel_tool_calls", "stream_options", "modalities",
+           "reasoning_effort", "verbosity", "model"}
+# field -> the values that mean "not used" (None is always accepted)
+MUST_BE_DEFAULT = {"n": (1,), "stream": (False,), "top_p": (1, 1.0), "frequency_penalty": (0, 0.0),
+                   "presence_penalty": (0, 0.0), "logit_bias": ({},), "echo": (False,),
+                   "best_of": (1,), "suffix": ("",), "tools": ([],), "functions": ([],),
+                   "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+                   "response_format": ({"type": "text"},), "audio": (), "prediction": (),
+                   "web_search_options": ()}
+COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids"}
+COMPLETION_FIELDS = COMMON | {"prompt"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+MAX_STOPS = 4  # as OpenAI
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 404: "not_found_error"}.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": None}}
+
+
+def bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    max_tokens: int
+    temperature: float
+
+
+@dataclass
+class GenRequest:
+    """A checked request: what to render, and how to sample."""
+    model: str
+    max_tokens: int
+    temperature: float
+    stop_ids: list[int]
+    logprobs: bool
+    return_token_ids: bool
+    prompt: str | list[int] | None = None  # completions: text, or token ids
+    messages: list[dict] = field(default_factory=list)  # chat
+
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    unknown = sorted(set(body) - allowed - IGNORED - set(MUST_BE_DEFAULT))
+    if unknown:
+        raise bad(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0])
+    for name, ok in MUST_BE_DEFAULT.items():
+        value = body.get(name)
+        if value is not None and value not in ok:
+            what = "n must be 1 (one sample per request; run several sessions for more)" \
+                if name == "n" else (f"{name}={value!r} is not supported by this endpoint "
+                                     "(it samples with a temperature and stops on token ids; "
+                                     "tool calls are parsed from the text by the agent)")
+            raise bad(what, name)
+    if not isinstance(body.get("model"), str):
+        raise bad("model: a string is required", "model")
+
+
+def _int(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        limits = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise bad(f"{name} must be an integer {limits}, got {v!r}", name)
+    return v
+
+
+def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
+    """The stop token ids of `stop` (a string or a list of strings); a 400 naming any
+    that is not exactly one token."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("stop must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise bad(f"stop: at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
+    ids = []
+    for s in stops:
+        toks = encode(s) if s else []
+        if len(toks) != 1:
+            raise bad(f"stop sequence {s!r} is {len(toks)} tokens; this endpoint stops on "
+                      "single tokens only (the engines stop on token ids)", "stop")
+        ids.append(toks[0])
+    return ids
+
+
+def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[str, ...]) -> dict:
+    budget = None
+    for name in max_tokens_names:
+        budget = budget if budget is not None else _int(body, name, 1)
+    t = body.get("temperature")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
+        raise bad(f"temperature must be a number in [0, 2], got {t!r}", "temperature")
+    rti = body.get("return_token_ids")
+    if rti is not None and not isinstance(rti, bool):
+        raise bad("return_token_ids must be a boolean", "return_token_ids")
+    return dict(model=body["model"], max_tokens=budget or defaults.max_tokens,
+                temperature=float(defaults.temperature if t is None else t),
+                stop_ids=stop_ids(body.get("stop"), encode), return_token_ids=bool(rti))
+
+
+def parse_completion(body: dict, defaults: Defaults, encode) -> GenRequest:
+    _check_fields(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    is_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                for t in prompt)
+    if not (isinstance(prompt, str) or is_ids) or not prompt:
+        raise bad("prompt must be one non-empty string or one list of token ids "
+                  "(one prompt per request)", "prompt")
+    lp = _int(body, "logprobs", 0, 5)
+    return GenRequest(prompt=prompt, logprobs=lp is not None,
+                      **_sampling(body, defaults, encode, ("max_tokens",)))
+
+
+def _content(msg: dict, i: int) -> str:
+    c = msg.get("content")
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                   and isinstance(p.get("text"), str) for p in c):
+        return "".join(p["text"] for p in c)
+    raise bad(f"messages[{i}].content: only text (a string or text parts) is supported",
+              "messages")
+
+
+def parse_chat(body: dict, defaults: Defaults, encode) -> GenRequest:
+    _check_fields(body, CHAT_FIELDS)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages must be a non-empty list", "messages")
+    messages = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with a role", "messages")
+        if m.get("tool_calls"):
+            raise bad(f"messages[{i}].tool_calls: structured tool calls are not supported; "
+                      "keep the call in the assistant's content", "messages")
+        messages.append({**m, "content": _content(m, i)})
+    lp = body.get("logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise bad("logprobs must be a boolean", "logprobs")
+    _int(body, "top_logprobs", 0, 20)
+    return GenRequest(messages=messages, logprobs=bool(lp),
+                      **_sampling(body, defaults, encode, ("max_completion_tokens", "max_tokens")))
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    """The prompt text of `messages` by the tokenizer's chat template, with the
+    assistant's generation prompt; a 400 when the tokenizer has none."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise bad(f"the model's tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) has no "
+                  "chat template: use /v1/completions with a prompt string", "messages")
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - a template raising on these messages is the request's fault
+        raise bad(f"the chat template failed on these messages: {type(e).__name__}: {e}",
+                  "messages") from e
+
+
+def fit_context(prompt_len: int, max_tokens: int, max_context: int | None) -> int:
+    """`max_tokens`, cut to what the model's context leaves after the prompt."""
+    if max_context is None:
+        return max_tokens
+    room = max_context - prompt_len
+    if room < 1:
+        raise bad(f"the prompt is {prompt_len} tokens; the model's context is {max_context}")
+    return min(max_tokens, room)
+
+
+def _usage(prompt_ids: list[int], output_ids: list[int]) -> dict:
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
+            "total_tokens": len(prompt_ids) + len(output_ids)}
+
+
+def _extension(req: GenRequest, prompt_ids, sample) -> dict:
+    if not req.return_token_ids:
+        return {}
+    return {"prompt_token_ids": list(prompt_ids), "token_ids": list(sample.output_ids),
+            "versions": list(sample.versions)}
+
+
+def completion_response(req: GenRequest, prompt_ids: list[int], sample, text: str,
+                        token_texts: list[str]) -> dict:
+    logprobs = None
+    if req.logprobs:
+        offsets, at = [], 0
+        for t in token_texts:
+            offsets.append(at)
+            at += len(t)
+        logprobs = {"tokens": token_texts, "token_logprobs": list(sample.logprobs),
+                    "text_offset": offsets, "top_logprobs": None}
+    choice = {"index": 0, "text": text, "finish_reason": sample.stop_reason, "logprobs": logprobs,
+              **_extension(req, prompt_ids, sample)}
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+            "created": int(time.time()), "model": req.model, "choices": [choice],
+            "usage": _usage(prompt_ids, sample.output_ids)}
+
+
+def chat_response(req: GenRequest, prompt_ids: list[int], sample, text: str,
+                  token_texts: list[str]) -> dict:
+    logprobs = None
+    if req.logprobs:
+        logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                                 "top_logprobs": []}
+                                for t, lp in zip(token_texts, sample.logprobs)], "refusal": None}
+    choice = {"index": 0, "message": {"role": "assistant", "content": text},
+              "finish_reason": sample.stop_reason, "logprobs": logprobs,
+              **_extension(req, prompt_ids, sample)}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": req.model, "choices": [choice],
+            "usage": _usage(prompt_ids, sample.output_ids)}
+
+
+def models_response(name: str, created: int) -> dict:
+    return {"object": "list",
+            "data": [{"id": name, "object": "model", "created": created, "owned_by": "areal-ray"}]}

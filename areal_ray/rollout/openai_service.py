@@ -1,0 +1,94 @@
+"""What the OpenAI-compatible endpoint does per request, without Serve or FastAPI:
+check the request (openai_protocol.py), work out the prompt ids from the session's
+recorded calls (sessions.py: token ids are reused, never re-encoded), generate through
+the engine client with interruptible resubmission, record the call, answer in the
+OpenAI format.
+
+Generation goes through `generate_rounds` (interruptible.py): a weight push that
+aborts the request is resubmitted with prompt + partial output, so the agent never
+sees an abort; each token keeps the version of the policy that sampled it, and the
+recorded call holds them all. The `EngineClient` retries a call that lost its replica.
+
+The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
+them with an in-process engine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from areal_ray.rollout.interruptible import PartialSample, generate_rounds
+from areal_ray.rollout.openai_protocol import (APIError, Defaults, completion_response,
+                                               chat_response, fit_context, models_response,
+                                               parse_chat, parse_completion, render_chat)
+from areal_ray.rollout.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from areal_ray.rollout.engine_client import EngineClient
+
+MAX_SID_CHARS = 200
+
+
+class OpenAIService:
+    def __init__(self, tokenizer, client: EngineClient, defaults: Defaults, store: SessionStore,
+                 model_name: str, max_context: int | None = None):
+        self.tokenizer, self.client, self.defaults = tokenizer, client, defaults
+        self.store, self.model_name, self.max_context = store, model_name, max_context
+        self.created = int(time.time())
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _session(self, sid: str):
+        if not sid or len(sid) > MAX_SID_CHARS:
+            raise APIError(400, f"session id must be 1 to {MAX_SID_CHARS} characters")
+        return self.store.open(sid, self.encode, self.decode)
+
+    async def _generate(self, sid: str, req, text: str | None, token_prompt: list[int] | None):
+        session = self._session(sid)
+        if token_prompt is not None:
+            prompt_ids, extends = session.prompt_ids_of_tokens(token_prompt)
+            text = self.decode(prompt_ids, False)
+        else:
+            prompt_ids, extends = session.prompt_ids(text)
+        budget = fit_context(len(prompt_ids), req.max_tokens, self.max_context)
+        part = PartialSample(prompt_ids, budget)
+        await generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids)
+        sample = part.sample()
+        # The session may have been dropped (TTL) while generating: record where it is now.
+        self.store.open(sid, self.encode, self.decode).record(text, prompt_ids, extends, sample)
+        token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
+        return prompt_ids, sample, self.decode(sample.output_ids), token_texts
+
+    async def completions(self, sid: str, body: dict) -> dict:
+        req = parse_completion(body, self.defaults, self.encode)
+        if isinstance(req.prompt, str):
+            got = await self._generate(sid, req, req.prompt, None)
+        else:
+            got = await self._generate(sid, req, None, req.prompt)
+        return completion_response(req, *got)
+
+    async def chat(self, sid: str, body: dict) -> dict:
+        req = parse_chat(body, self.defaults, self.encode)
+        text = render_chat(self.tokenizer, req.messages)
+        return chat_response(req, *await self._generate(sid, req, text, None))
+
+    def models(self) -> dict:
+        return models_response(self.model_name, self.created)
+
+    def session(self, sid: str) -> dict:
+        """The recorded session: its calls and the training Samples they make."""
+        session = self.store.get(sid)
+        if session is None:
+            raise APIError(404, f"no session {sid!r} (never used, deleted, or dropped after "
+                                f"{self.store.ttl_s:.0f} s idle)")
+        return session.to_dict()
+
+    def delete(self, sid: str) -> dict:
+        if self.store.pop(sid) is None:
+            raise APIError(404, f"no session {sid!r}")
+        return {"id": sid, "deleted": True}

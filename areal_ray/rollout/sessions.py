@@ -1,0 +1,202 @@
+"""Session recording for the OpenAI-compatible endpoint: token ids in, token ids out.
+
+An agent written against the `openai` client sends text (a prompt, or chat messages
+the server renders to text) and gets text back. Training needs the exact token ids the
+policy saw and sampled, with the logprob and policy version of each sampled token.
+Re-tokenizing the conversation at every turn loses that: `encode(decode(ids))` is not
+`ids` in general (BPE merges across the turn boundary, special tokens, whitespace
+clean-up), so the trained trajectory would differ from the generated one, and the
+behaviour logprobs would belong to tokens that were never sampled. Peers' trackers
+are full of such multi-turn bugs.
+
+So a `Session` keeps every call's ids, and a new request whose text starts with the
+text of the previous call's prompt + output continues that call's *ids*: its prompt is
+the previous prompt ids + output ids + `encode(the remaining text)`. Only the new text
+(a tool result, a user turn) is ever encoded. A request that does not extend the
+previous call (the agent edited the history, or two calls ran at once) is encoded
+whole and starts a new chain.
+
+The previous output's text is tried two ways: decoded with its special tokens (a chat
+template that writes the end-of-turn token itself, as Qwen's does), then as the client
+got it, without them (a template that only concatenates contents). In the second case
+the chain keeps the sampled ids, EOS included: the model continues from what it
+generated.
+
+`Session.samples()` turns a session into training `Sample`s: calls that chain merge
+into one Sample whose output is everything after the first call's prompt; the policy's
+tokens have loss mask 1, the text in between (tool results, user turns) mask 0,
+logprob 0.0 and version -1. `SessionStore` bounds memory: sessions idle for longer
+than a TTL, and the least recently used beyond a count, are dropped.
+
+Pure Python, no Ray: `tokenize`/`detokenize` are passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from areal_ray.types import Sample
+
+Encode = Callable[[str], list[int]]
+Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
+
+
+@dataclass
+class Call:
+    """One completion: the ids the engine saw and what it sampled."""
+    prompt_text: str  # the prompt as the request rendered it
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" | "length"
+    extends: int | None = None  # index of the call whose prompt+output this prompt starts with
+    n_resubmits: int = 0
+    history_texts: list[str] = field(default_factory=list)  # what a next request may start with
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("history_texts")
+        return d
+
+
+class Session:
+    """The calls of one agent session, and how a new request's prompt ids continue them."""
+
+    def __init__(self, sid: str, encode: Encode, decode: Decode):
+        self.sid, self.encode, self.decode = sid, encode, decode
+        self.calls: list[Call] = []
+
+    def prompt_ids(self, text: str) -> tuple[list[int], int | None]:
+        """The ids to generate from for prompt `text`, and the index of the call they
+        extend (None: a new chain). Never re-encodes a recorded call's text."""
+        if self.calls:
+            last = self.calls[-1]
+            for history in last.history_texts:
+                if text.startswith(history):
+                    rest = text[len(history):]
+                    return (last.prompt_ids + last.output_ids + (self.encode(rest) if rest else []),
+                            len(self.calls) - 1)
+        return self.encode(text), None
+
+    def prompt_ids_of_tokens(self, ids: list[int]) -> tuple[list[int], int | None]:
+        """Token-in requests (a completions prompt given as ids): the chain is decided
+        on the ids themselves."""
+        if self.calls:
+            last = self.calls[-1]
+            history = last.prompt_ids + last.output_ids
+            if len(ids) >= len(history) and ids[:len(history)] == history:
+                return list(ids), len(self.calls) - 1
+        return list(ids), None
+
+    def record(self, prompt_text: str, prompt_ids: list[int], extends: int | None,
+               sample: Sample) -> Call:
+        """Add the finished call (`sample`: what interruptible generation returned).
+        It chains only if the call it extends is still the last one (a call that
+        finished in between, from a concurrent request, breaks the chain)."""
+        if extends is not None and extends != len(self.calls) - 1:
+            extends = None
+        out = list(sample.output_ids)
+        full = prompt_text + self.decode(out, False)
+        shown = prompt_text + self.decode(out, True)
+        call = Call(prompt_text=prompt_text, prompt_ids=list(prompt_ids), output_ids=out,
+                    logprobs=list(sample.logprobs), versions=list(sample.versions),
+                    finish_reason=sample.stop_reason, extends=extends,
+                    n_resubmits=sample.n_resubmits,
+                    history_texts=[full] if full == shown else [full, shown])
+        self.calls.append(call)
+        return call
+
+    def chains(self) -> list[list[Call]]:
+        """Calls grouped into chains, in order: a call joins the chain of the call
+        before it when it extends that call."""
+        chains: list[list[Call]] = []
+        for i, c in enumerate(self.calls):
+            if chains and c.extends == i - 1:
+                chains[-1].append(c)
+            else:
+                chains.append([c])
+        return chains
+
+    def samples(self) -> list[Sample]:
+        return [chain_sample(chain, self.decode) for chain in self.chains()]
+
+    def to_dict(self) -> dict:
+        return {"id": self.sid, "calls": [c.to_dict() for c in self.calls],
+                "samples": [asdict(s) for s in self.samples()]}
+
+
+def chain_sample(chain: list[Call], decode: Decode | None = None) -> Sample:
+    """One Sample of calls that chain: the first call's prompt, then each call's output
+    (loss mask 1) and the tokens between it and the next call's output (mask 0,
+    logprob 0.0, version -1)."""
+    first = chain[0]
+    out, logprobs, versions, mask = [], [], [], []
+    pos = len(first.prompt_ids)  # where the next call's new prompt tokens start
+    for c in chain:
+        between = c.prompt_ids[pos:]
+        out += between
+        logprobs += [0.0] * len(between)
+        versions += [-1] * len(between)
+        mask += [0] * len(between)
+        out += c.output_ids
+        logprobs += c.logprobs
+        versions += c.versions
+        mask += [1] * len(c.output_ids)
+        pos = len(c.prompt_ids) + len(c.output_ids)
+    return Sample(prompt_ids=list(first.prompt_ids), output_ids=out, logprobs=logprobs,
+                  versions=versions, stop_reason=chain[-1].finish_reason,
+                  text=decode(out, True) if decode else "",
+                  n_resubmits=sum(c.n_resubmits for c in chain), loss_mask=mask,
+                  n_turns=len(chain), tool_calls=len(chain) - 1)
+
+
+class SessionStore:
+    """Sessions by id, bounded: on every access, sessions idle for more than `ttl_s`
+    are dropped, and beyond `max_sessions` the least recently used. A dropped
+    session's calls are gone (an agent that comes back starts a new one), so the TTL
+    must exceed the longest pause inside an episode."""
+
+    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        if max_sessions < 1 or ttl_s <= 0:
+            raise ValueError(f"max_sessions ({max_sessions}) must be >= 1 and ttl_s ({ttl_s}) > 0")
+        self.max_sessions, self.ttl_s, self.clock = max_sessions, ttl_s, clock
+        self._sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
+        self.dropped = 0
+
+    def _evict(self) -> None:
+        now = self.clock()
+        while self._sessions:
+            sid, (_, used) = next(iter(self._sessions.items()))
+            if now - used <= self.ttl_s and len(self._sessions) <= self.max_sessions:
+                break
+            del self._sessions[sid]
+            self.dropped += 1
+
+    def get(self, sid: str) -> Session | None:
+        self._evict()
+        got = self._sessions.get(sid)
+        if got is None:
+            return None
+        self._sessions[sid] = (got[0], self.clock())
+        self._sessions.move_to_end(sid)
+        return got[0]
+
+    def open(self, sid: str, encode: Encode, decode: Decode) -> Session:
+        """The session `sid`, created on first use."""
+        session = self.get(sid)
+        if session is None:
+            session = Session(sid, encode, decode)
+            self._sessions[sid] = (session, self.clock())
+            self._evict()
+        return session
+
+    def pop(self, sid: str) -> Session | None:
+        got = self._sessions.pop(sid, None)
+        return got[0] if got else None
+
+    def __len__(self) -> int:
+        return len(self._sessions)

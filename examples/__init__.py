@@ -1,0 +1,1 @@
+"""Examples run by dotted path inside Ray workers (the repository root is on their path)."""

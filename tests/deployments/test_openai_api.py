@@ -1,0 +1,151 @@
+"""The OpenAI endpoint on a real rollout Serve app behind Serve's HTTP proxy, driven by
+the real `openai` client: responses parse, sessions record what was generated, a
+3-turn chat is one trajectory with exact prefix reuse whose versions change after a
+weight push between turns, bad requests are 400s the client raises, and AgentWorkflow
+returns a group of the right shape. One app for the module (Serve restarted with the
+proxy on a free port, and shut down after, so later modules start their own)."""
+
+import asyncio
+import socket
+import uuid
+
+import httpx
+import openai
+import pytest
+import ray
+from ray import serve
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from areal_ray.config import WeightsConfig, load_config
+from areal_ray.driver import Driver
+from areal_ray.rollout.agent_workflow import AgentWorkflow
+from areal_ray.rollout.workflow import EpisodeConfig
+from areal_ray.train.push import WeightPusher
+from deployments.openai_api import build_openai_app
+from deployments.rollout import DEPLOYMENT_NAME, build_app
+from tests.train.test_push import perturb
+
+PREFIX = "/rl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint(ray_cluster, random_model_dir):
+    tag = uuid.uuid4().hex[:6]
+    driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=30.0)
+    port = free_port()
+    cfg = load_config(None, ["rollout.num_cpus=0.5", "rollout.max_new_tokens=8",
+                             "rollout.openai.enabled=true", f"rollout.openai.port={port}",
+                             f"rollout.openai.route_prefix={PREFIX}"])
+    serve.shutdown()  # the proxy is set when Serve starts: a fresh Serve with it on
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    app = f"openai-{tag}"
+    rollout = build_app(cfg, random_model_dir, f"drv-{tag}", ray.get_runtime_context().namespace)
+    serve.run(build_openai_app(cfg, rollout, random_model_dir), name=app, route_prefix=PREFIX)
+    yield {"base": cfg.rollout.openai.base_url(), "driver": driver,
+           "rollout": serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app),
+           "tok": AutoTokenizer.from_pretrained(random_model_dir), "model": random_model_dir}
+    serve.delete(app)
+    serve.shutdown()
+    ray.kill(driver)
+
+
+def client(endpoint, sid):
+    return openai.AsyncOpenAI(base_url=f"{endpoint['base']}/sessions/{sid}/v1", api_key="none",
+                              max_retries=0)
+
+
+def recorded(endpoint, sid) -> dict:
+    res = httpx.get(f"{endpoint['base']}/sessions/{sid}", timeout=60)
+    res.raise_for_status()
+    return res.json()
+
+
+def test_completions_and_chat_parse_and_the_session_records_them(endpoint):
+    async def go():
+        c = client(endpoint, "basic")
+        models = await c.models.list()
+        comp = await c.completions.create(model="any", prompt="12+3=", max_tokens=6, logprobs=1,
+                                          extra_body={"return_token_ids": True})
+        chat = await c.chat.completions.create(model="any", max_tokens=5,
+                                               messages=[{"role": "user", "content": "7+8="}])
+        return models, comp, chat
+
+    models, comp, chat = asyncio.run(go())
+    assert [m.id for m in models.data] == [endpoint["model"].rstrip("/").split("/")[-1]]
+    tok = endpoint["tok"]
+    assert comp.choices[0].finish_reason in ("stop", "length") and comp.usage.completion_tokens <= 6
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
+    calls = recorded(endpoint, "basic")["calls"]
+    assert calls[0]["output_ids"] == comp.choices[0].model_extra["token_ids"]
+    assert calls[0]["logprobs"] == comp.choices[0].logprobs.token_logprobs
+    assert calls[0]["prompt_ids"] == tok("12+3=", add_special_tokens=False)["input_ids"]
+    assert comp.choices[0].text == tok.decode(calls[0]["output_ids"], skip_special_tokens=True)
+    assert chat.choices[0].message.content == tok.decode(calls[1]["output_ids"], skip_special_tokens=True)
+    assert calls[1]["extends"] is None  # "7+8=" does not continue the completion
+    assert httpx.delete(f"{endpoint['base']}/sessions/basic").json()["deleted"] is True
+    assert httpx.get(f"{endpoint['base']}/sessions/basic").status_code == 404
+
+
+def test_a_chat_across_a_weight_push_is_one_trajectory(endpoint, tmp_path):
+    """Turn 1 at version 0; a push; turns 2 and 3 at version 1. The prompt of each turn
+    is the previous turn's exact ids plus the tool result's."""
+    async def turn(messages):
+        r = await client(endpoint, "chat").chat.completions.create(
+            model="any", messages=messages, max_tokens=6, stop=[")"])
+        return r.choices[0].message.content
+
+    messages = [{"role": "user", "content": "12+3="}]
+    for i in range(3):
+        if i == 1:
+            model = AutoModelForCausalLM.from_pretrained(endpoint["model"])
+            perturb(model, 1)
+            _, stats = WeightPusher(WeightsConfig(path="object_store"), endpoint["driver"], 0,
+                                    str(tmp_path)).push(model, 1)
+            assert stats["replicas"] == 1
+        content = asyncio.run(turn(messages))
+        messages += [{"role": "assistant", "content": content}, {"role": "tool", "content": f"={i}"}]
+    session = recorded(endpoint, "chat")
+    calls, (sample,) = session["calls"], session["samples"]
+    for prev, nxt in zip(calls, calls[1:]):
+        history = prev["prompt_ids"] + prev["output_ids"]
+        assert nxt["prompt_ids"][:len(history)] == history
+    n = [len(c["output_ids"]) for c in calls]
+    assert sample["loss_mask"] == [1] * n[0] + [0] * 2 + [1] * n[1] + [0] * 2 + [1] * n[2]
+    assert sample["versions"] == [0] * n[0] + [-1] * 2 + [1] * n[1] + [-1] * 2 + [1] * n[2]
+    assert (sample["n_turns"], sample["tool_calls"]) == (3, 2)
+    close = endpoint["tok"](")", add_special_tokens=False)["input_ids"]
+    for c in calls:  # `)` only ever ends an output
+        assert close[0] not in c["output_ids"][:-1]
+
+
+def test_bad_requests_are_400s_the_client_raises(endpoint):
+    async def go(**kwargs):
+        return await client(endpoint, "bad").chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "1+1="}], **kwargs)
+
+    for kwargs, needle in [({"stop": ["12"]}, "single tokens only"), ({"n": 2}, "n must be 1"),
+                           ({"stream": True}, "stream")]:
+        with pytest.raises(openai.BadRequestError, match=needle):
+            asyncio.run(go(**kwargs))
+    bad_json = httpx.post(f"{endpoint['base']}/sessions/bad/v1/completions", content=b"{",
+                          headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and "not JSON" in bad_json.json()["error"]["message"]
+
+
+def test_the_agent_workflow_returns_a_group_of_group_size_samples(endpoint):
+    flow = AgentWorkflow(EpisodeConfig(group_size=3, max_new_tokens=8, temperature=1.0),
+                         agent="examples.calculator_agent.calculator_agent",
+                         base_url=endpoint["base"])
+    row = {"uid": "u", "prompt": "48+39=", "answer": "87", "verifier": "math", "pos": 0}
+    group = asyncio.run(flow.arun_episode(None, row))
+    assert group.uid == "u" and len(group.samples) == 3
+    ids = endpoint["tok"]("48+39=", add_special_tokens=False)["input_ids"]
+    for s in group.samples:
+        assert s.prompt_ids == ids and len(s.loss_mask) == len(s.output_ids) == len(s.versions)
+        assert s.text == endpoint["tok"].decode(s.output_ids, skip_special_tokens=True)

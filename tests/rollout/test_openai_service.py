@@ -1,0 +1,152 @@
+"""The OpenAI endpoint's request handling without Ray, on a real engine in this process:
+responses the `openai` package's types accept, a multi-turn chat recorded as one
+trajectory with exact prefix reuse, versions that change with a weight update between
+turns, stop strings, and 400s naming the problem. Over HTTP with the real client and
+Serve: tests/deployments/test_openai_api.py."""
+
+import asyncio
+import copy
+
+import pytest
+import torch
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.openai_protocol import APIError, Defaults, stop_ids
+from areal_ray.rollout.openai_service import OpenAIService
+from areal_ray.rollout.sessions import SessionStore
+from tests.rollout.test_workflow import InProcessApp
+
+
+@pytest.fixture(scope="module")
+def engine(random_model_dir):
+    return HFEngine(random_model_dir)
+
+
+def service(engine, tokenizer=None, max_context=None):
+    return OpenAIService(tokenizer or engine.tokenizer, EngineClient(InProcessApp(engine)),
+                         Defaults(max_tokens=8, temperature=1.0),
+                         SessionStore(max_sessions=16, ttl_s=600), model_name="tiny",
+                         max_context=max_context)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_completion_and_chat_parse_as_the_client_does(engine):
+    torch.manual_seed(0)
+    svc = service(engine)
+    c = run(svc.completions("s1", {"model": "m", "prompt": "12+3=", "max_tokens": 5,
+                                   "logprobs": 1, "return_token_ids": True}))
+    comp = Completion.model_validate(c)
+    choice = comp.choices[0]
+    assert comp.object == "text_completion" and comp.model == "m"
+    assert choice.finish_reason in ("stop", "length") and comp.usage.completion_tokens <= 5
+    assert len(choice.logprobs.token_logprobs) == comp.usage.completion_tokens
+    rec = svc.session("s1")["calls"][0]
+    assert rec["output_ids"] == c["choices"][0]["token_ids"]
+    assert rec["prompt_ids"] == engine.tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+    assert choice.text == engine.tokenizer.decode(rec["output_ids"], skip_special_tokens=True)
+
+    ch = ChatCompletion.model_validate(run(svc.chat("s2", {
+        "model": "m", "messages": [{"role": "user", "content": "7+8="}],
+        "max_completion_tokens": 4, "logprobs": True, "temperature": 0.5})))
+    assert ch.object == "chat.completion" and ch.choices[0].message.role == "assistant"
+    assert len(ch.choices[0].logprobs.content) == ch.usage.completion_tokens <= 4
+    assert svc.models()["data"][0]["id"] == "tiny"
+
+
+def test_a_three_turn_chat_is_one_trajectory_with_exact_prefix_reuse(engine, random_model_dir):
+    """Turn 2 runs on updated weights (version 1): the recorded versions show it."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(1)
+    svc = service(engine)
+    messages = [{"role": "user", "content": "12+3="}]
+    prompts = []
+    for turn in range(3):
+        if turn == 1:
+            model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+            run(engine.update_weights(model.state_dict(), 1, "abort"))
+        r = run(svc.chat("chat", {"model": "m", "messages": messages, "max_tokens": 6,
+                                  "return_token_ids": True}))
+        prompts.append(r["choices"][0]["prompt_token_ids"])
+        messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                     {"role": "tool", "content": f"={turn}"}]
+    calls = svc.session("chat")["calls"]
+    for prev, nxt in zip(calls, calls[1:]):  # each prompt extends the previous ids exactly
+        history = prev["prompt_ids"] + prev["output_ids"]
+        assert nxt["prompt_ids"][:len(history)] == history and nxt["extends"] is not None
+    (sample,) = svc.session("chat")["samples"]
+    tool = lambda t: engine.tokenizer(f"={t}", add_special_tokens=False)["input_ids"]  # noqa: E731
+    expected = calls[0]["output_ids"] + tool(0) + calls[1]["output_ids"] + tool(1) + calls[2]["output_ids"]
+    assert sample["prompt_ids"] == calls[0]["prompt_ids"] and sample["output_ids"] == expected
+    n = [len(c["output_ids"]) for c in calls]
+    assert sample["loss_mask"] == [1] * n[0] + [0] * 2 + [1] * n[1] + [0] * 2 + [1] * n[2]
+    assert sample["versions"] == [0] * n[0] + [-1] * 2 + [1] * n[1] + [-1] * 2 + [1] * n[2]
+    assert (sample["n_turns"], sample["tool_calls"]) == (3, 2)
+    run(engine.update_weights(AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict(), 0))
+
+
+def test_stop_strings_are_stop_ids_and_end_the_output(engine):
+    torch.manual_seed(2)
+    tok = engine.tokenizer
+    stops = ["1", "2", "+", "="]
+    ids = stop_ids(stops, lambda s: tok(s, add_special_tokens=False)["input_ids"])
+    assert len(ids) == 4
+    svc = service(engine)
+    for i in range(4):
+        r = run(svc.completions(f"stop{i}", {"model": "m", "prompt": "3", "max_tokens": 30,
+                                             "stop": stops, "return_token_ids": True}))
+        out = r["choices"][0]["token_ids"]
+        assert not set(out[:-1]) & set(ids)  # a stop id only ever ends the output
+        if out[-1] in ids:
+            assert r["choices"][0]["finish_reason"] == "stop"
+            assert r["choices"][0]["text"].endswith(tok.decode([out[-1]]))  # kept in the text
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"stop": ["12"]}, "'12' is 2 tokens"),
+    ({"stop": ""}, "0 tokens"),
+    ({"n": 2}, "n must be 1"),
+    ({"stream": True}, "stream=True is not supported"),
+    ({"top_p": 0.5}, "top_p"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"temperature": 3}, "temperature must be"),
+    ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
+    ({"bogus": 1}, "unrecognized request argument(s): bogus"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"model": None}, "model: a string is required"),
+])
+def test_bad_chat_requests_are_400s_naming_the_problem(engine, body, needle):
+    svc = service(engine)
+    req = {"model": "m", "messages": [{"role": "user", "content": "1+1="}], **body}
+    with pytest.raises(APIError) as e:
+        run(svc.chat("bad", req))
+    assert e.value.status == 400 and needle in e.value.message
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_400(engine):
+    tok = copy.deepcopy(engine.tokenizer)
+    tok.chat_template = None
+    with pytest.raises(APIError, match="has no chat template") as e:
+        run(service(engine, tok).chat("t", {"model": "m", "messages": [{"role": "user", "content": "1"}]}))
+    assert e.value.status == 400
+
+
+def test_budgets_are_cut_to_the_context_and_unknown_sessions_are_404s(engine):
+    svc = service(engine, max_context=8)
+    r = run(svc.completions("ctx", {"model": "m", "prompt": "12+3=", "max_tokens": 50}))
+    assert r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] <= 8
+    with pytest.raises(APIError, match="context is 8"):
+        run(svc.completions("ctx2", {"model": "m", "prompt": "123456789"}))
+    for fn in (svc.session, svc.delete):
+        with pytest.raises(APIError) as e:
+            fn("nope")
+        assert e.value.status == 404
+    assert svc.delete("ctx") == {"id": "ctx", "deleted": True}
+    with pytest.raises(APIError, match="one prompt per request"):
+        run(svc.completions("b", {"model": "m", "prompt": ["a", "b"]}))
