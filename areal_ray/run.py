@@ -48,20 +48,21 @@ from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-EMBEDDED_MODEL = "artifacts/tiny"
+EMBEDDED_MODELS = {"artifacts/tiny": "arith", "artifacts/tiny-tools": "tool_arith"}  # path: task
 TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
 
 
 def resolve_model(path: str, key: str = "model.path") -> str:
-    """Absolute model dir; the embedded tiny model is built on first use."""
+    """Absolute model dir; an embedded tiny model (EMBEDDED_MODELS) is built on first use."""
     p = Path(path)
     if not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists():
         p = REPO_ROOT / p
     if not (p / "config.json").exists():
-        if Path(path) == Path(EMBEDDED_MODEL):
-            from areal_ray.task.tiny_model import TinyModelSpec, build_tiny
+        task = {Path(k): v for k, v in EMBEDDED_MODELS.items()}.get(Path(path))
+        if task:
+            from areal_ray.task.tiny_model import SPECS, build_tiny
             print(f"[areal-ray] building the embedded tiny model in {p} (once)", flush=True)
-            build_tiny(p, TinyModelSpec())
+            build_tiny(p, SPECS[task]())
         else:
             raise FileNotFoundError(f"{key} {path!r} has no config.json: not an HF model directory")
     return str(p.resolve())

@@ -1,6 +1,11 @@
 """Entry point: build the embedded tiny model (tokenizer, Qwen2-style LM, SFT warm start).
 
     python -m jobs.make_tiny [out=artifacts/tiny] [sft_steps=...] [hidden_size=...]
+    python -m jobs.make_tiny task=tool_arith out=artifacts/tiny-tools
+
+`task` picks the warm start and its defaults (tiny_model.SPECS: `arith`, the
+quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml); every other
+key is a field of that spec.
 
 The result is deterministic for a given spec and seed, and small enough to commit,
 so the quickstart starts training at once; `jobs.train` also builds it on first use.
@@ -12,24 +17,33 @@ import sys
 
 from omegaconf import OmegaConf
 
-from areal_ray.task.tiny_model import TinyModelSpec, build_tiny
+from areal_ray.task.tiny_model import SPECS, build_tiny
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    out = "artifacts/tiny"
+    out, task = None, "arith"
     rest = []
     for a in argv:
         if a.startswith("out="):
             out = a.split("=", 1)[1]
+        elif a.startswith("task="):
+            task = a.split("=", 1)[1]
         else:
             rest.append(a)
-    spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TinyModelSpec),
+    if task not in SPECS:
+        print(f"task={task}: not one of {sorted(SPECS)}", file=sys.stderr)
+        return 2
+    out = out or ("artifacts/tiny" if task == "arith" else "artifacts/tiny-tools")
+    spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SPECS[task]),
                                                OmegaConf.from_dotlist(rest)))
     meta = build_tiny(out, spec)
     print(f"built {out}: {meta['n_params']} parameters, greedy dev accuracy {meta['dev_accuracy']:.3f} "
           f"({meta['habit_steps']} habit steps), "
           f"{meta['build_s']:.0f}s")
+    extra = {k: round(v, 3) for k, v in meta.items() if k.startswith("dev_") and k != "dev_accuracy"}
+    if extra:
+        print(f"  {extra}")
     return 0
 
 

@@ -69,6 +69,14 @@ def embedded_model() -> str:
     return resolve_model("artifacts/tiny")
 
 
+@pytest.fixture(scope="session")
+def tools_model() -> str:
+    """The committed tool-use model of conf/tools.yaml (built here if it is missing)."""
+    from areal_ray.run import resolve_model
+    os.chdir(REPO)
+    return resolve_model("artifacts/tiny-tools")
+
+
 def _free_ports(n: int) -> list[int]:
     """`n` distinct free ports: the sockets stay bound until all are chosen (binding and
     closing one at a time let the OS hand out the same port twice, and `ray start`

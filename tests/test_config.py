@@ -52,6 +52,8 @@ CHECKS = [
     (["task.chain_p_stop=0"], r"task.chain_p_stop must be in \(0, 1\]"),
     (["task.chain_p_stop=1.5"], r"task.chain_p_stop must be in \(0, 1\]"),
     (["task.answer_field=''"], "task.answer_field must name"),
+    (["task.embedded=tool_arith", "task.train_path=a.jsonl", "task.eval_path=b.jsonl"],
+     "task.embedded=tool_arith is used only where task.train_path or task.eval_path is empty"),
     (["rollout.group_size=0"], "rollout.group_size must be >= 1"),
     (["rollout.max_new_tokens=0"], "rollout.max_new_tokens must be >= 1"),
     (["rollout.temperature=0"], "rollout.temperature must be > 0"),
@@ -111,6 +113,7 @@ CHOICES = [
     ("algo.optim.lr_schedule", "step", "constant, linear, cosine"),
     ("weights.path", "ftp", "auto, collective, shm, object_store, disk"),
     ("weights.backend", "mpi", "gloo, nccl"),
+    ("task.embedded", "chess", "arith, tool_arith"),
     ("train.master_dtype", "fp32", "'', 'float32', 'bfloat16', 'float16'"),
 ]
 

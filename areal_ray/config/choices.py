@@ -76,6 +76,11 @@ class LrSchedule(Choice):
     cosine = "cosine"
 
 
+class EmbeddedTask(Choice):
+    arith = "arith"  # chains of small sums, worked or direct (areal_ray/task/arith.py)
+    tool_arith = "tool_arith"  # large sums with a calculator tool (areal_ray/task/tool_arith.py)
+
+
 class WeightPath(Choice):
     auto = "auto"
     collective = "collective"

@@ -1,4 +1,5 @@
-"""Prompt datasets: the embedded arithmetic task, or dataset files on disk (sources.py).
+"""Prompt datasets: an embedded task (`task.embedded`: arith, tool_arith), or dataset
+files on disk (sources.py).
 
 A row is `{"uid", "prompt", "verifier", ...}`: a `math` row has an `answer`, a `code`
 row has `tests` (a list of `{"input", "output"}` stdin/stdout pairs, carried on as a
@@ -23,7 +24,7 @@ from areal_ray.config import ConfigError
 from areal_ray.data.sources import DatasetError, iter_rows, read_rows
 from areal_ray.reward.code import check_tests
 from areal_ray.reward.registry import BUILTIN
-from areal_ray.task.arith import make_split
+from areal_ray.task import arith, tool_arith
 
 EMBEDDED_TRAIN_SEED, EMBEDDED_EVAL_SEED = 1_000, 2_000_000
 BUILT_IN = tuple(BUILTIN)  # math, code; a run's reward.checkers add more
@@ -121,8 +122,12 @@ def read_prompts(spec: str | Path, fields: Fields = PLAIN) -> list[dict]:
 
 
 def embedded_rows(seed: int, n: int, task) -> list[dict]:
-    split = make_split(seed, n, task.max_steps_per_problem, p_stop=task.chain_p_stop)
-    return [p.to_row(f"arith-{seed}-{i}") for i, p in enumerate(split)]
+    """`n` rows of the embedded task `task.embedded` from `seed` (train and eval seeds differ)."""
+    if task.embedded == "tool_arith":
+        split = tool_arith.make_split(seed, n)
+    else:
+        split = arith.make_split(seed, n, task.max_steps_per_problem, p_stop=task.chain_p_stop)
+    return [p.to_row(f"{task.embedded}-{seed}-{i}") for i, p in enumerate(split)]
 
 
 def train_stream(task, n_needed: int, verifiers: tuple[str, ...] = BUILT_IN):

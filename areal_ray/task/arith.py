@@ -36,6 +36,11 @@ class ArithProblem:
     answer: str
     n_steps: int
 
+    @property
+    def segments(self) -> tuple[tuple[str, bool], ...]:
+        """The solution as warm-start segments (text, written by the model): all of it."""
+        return ((self.solution, True),)
+
     def to_row(self, uid: str) -> dict:
         return {"uid": uid, "prompt": self.prompt, "answer": self.answer,
                 "verifier": "math", "n_steps": self.n_steps}

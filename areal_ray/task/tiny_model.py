@@ -1,13 +1,18 @@
-"""Build the embedded tiny model: a Qwen2-architecture causal LM with a short SFT warm start.
+"""Build an embedded tiny model: a Qwen2-architecture causal LM with a short SFT warm start.
 
-The warm start has two phases. Phase 1 teaches worked arithmetic (about 95% greedy
-accuracy). Phase 2, a few steps on data dominated by bare answers (see
-areal_ray/task/arith.py), gives the model the habit of answering without showing
-work. It stops as soon as greedy accuracy on a dev split falls to
-`habit_target_accuracy`, so RL starts from a modest, non-zero accuracy with a real
-behaviour to learn: that working the problem out pays. (A fixed step count landed
-anywhere between 3% and 20% depending on the data stream.) The result is saved with `save_pretrained` and is an ordinary HF
-model directory, loadable by transformers' Auto classes (and by SGLang on a GPU).
+The warm start has two phases, the same for both embedded tasks (`spec.task`, a
+`WarmStart` below). Phase 1 teaches the solution format: worked arithmetic for
+`arith` (about 95% greedy accuracy); for `tool_arith` both the calculator call and
+the direct answer (areal_ray/task/tool_arith.py), so the call format is known. Phase 2,
+a few steps on data dominated by bare answers, gives the model the habit of answering
+without showing work (or without the tool). It stops as soon as greedy accuracy on a
+dev split falls to `habit_target_accuracy`, so RL starts from a modest, non-zero
+accuracy with a real behaviour to learn: that working the problem out (calling the
+tool) pays. (A fixed step count landed anywhere between 3% and 20% depending on the
+data stream.) The tool task's dev accuracy is measured the way RL sees it: multi-turn,
+the calculator's result appended after each call. The result is saved with
+`save_pretrained` and is an ordinary HF model directory, loadable by transformers' Auto
+classes (and by SGLang on a GPU).
 """
 
 from __future__ import annotations
@@ -22,21 +27,23 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, Qwen2Config
 
-from areal_ray.task.arith import ArithProblem, make_split
-from areal_ray.task.tokenizer import save_char_tokenizer
+from areal_ray.task import arith, tool_arith
+from areal_ray.task.tokenizer import load_tokenizer, save_char_tokenizer
 
 
 @dataclass
 class TinyModelSpec:
+    task: str = "arith"           # which warm start (WARM_STARTS): arith | tool_arith
     hidden_size: int = 128
     intermediate_size: int = 384
     num_hidden_layers: int = 3
     num_attention_heads: int = 4
     max_position_embeddings: int = 256
     seed: int = 0
-    sft_steps: int = 1200         # phase 1: worked solutions only, cosine from sft_lr
+    sft_steps: int = 1200         # phase 1: cosine from sft_lr
     sft_batch_size: int = 64
     sft_lr: float = 2e-3
+    sft_p_direct: float = 0.0     # phase 1's share of direct (bare-answer) solutions
     max_steps_per_problem: int = 8
     habit_max_steps: int = 60     # phase 2: a mix dominated by bare answers, constant habit_lr,
     habit_lr: float = 3e-4        # until greedy dev accuracy falls to habit_target_accuracy
@@ -44,6 +51,19 @@ class TinyModelSpec:
     habit_target_accuracy: float = 0.25
     habit_check_every: int = 3
     dev_size: int = 128
+
+
+@dataclass
+class ToolModelSpec(TinyModelSpec):
+    """The tool-use task's model (artifacts/tiny-tools): same dimensions, its own warm start."""
+    task: str = "tool_arith"
+    sft_steps: int = 600
+    sft_p_direct: float = 0.5
+    habit_p_direct: float = 0.9
+    habit_target_accuracy: float = 0.2
+
+
+SPECS = {"arith": TinyModelSpec, "tool_arith": ToolModelSpec}
 
 
 def qwen2_config(spec: TinyModelSpec, tok: PreTrainedTokenizerBase) -> Qwen2Config:
@@ -57,14 +77,20 @@ def qwen2_config(spec: TinyModelSpec, tok: PreTrainedTokenizerBase) -> Qwen2Conf
         pad_token_id=tok.pad_token_id)
 
 
-def encode_sft(tok, problems: list[ArithProblem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (input_ids, attention_mask, labels); labels cover the solution + EOS only."""
+def encode_sft(tok, examples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, attention_mask, labels) of examples with a `prompt` and
+    solution `segments` ((text, trained) pairs); labels cover the trained segments + EOS
+    only (a tool's result is in the input, not in the labels)."""
     rows, masks = [], []
-    for p in problems:
-        prompt = tok(p.prompt, add_special_tokens=False)["input_ids"]
-        sol = tok(p.solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        rows.append(prompt + sol)
-        masks.append([0] * len(prompt) + [1] * len(sol))
+    for ex in examples:
+        prompt = tok(ex.prompt, add_special_tokens=False)["input_ids"]
+        row, mask = list(prompt), [0] * len(prompt)
+        for text, trained in ex.segments:
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            row += ids
+            mask += [int(trained)] * len(ids)
+        rows.append(row + [tok.eos_token_id])
+        masks.append(mask + [1])
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
     att = torch.zeros((len(rows), width), dtype=torch.long)
@@ -77,7 +103,7 @@ def encode_sft(tok, problems: list[ArithProblem]) -> tuple[torch.Tensor, torch.T
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tok, problems: list[ArithProblem], max_new_tokens: int = 96) -> float:
+def greedy_accuracy(model, tok, problems: list[arith.ArithProblem], max_new_tokens: int = 96) -> float:
     from areal_ray.reward.math import math_reward
 
     model.eval()
@@ -102,32 +128,90 @@ def _sft_step(model, opt, tok, batch, lr: float) -> float:
     return loss.item()
 
 
+class ArithWarmStart:
+    """Worked chains in phase 1, bare answers in phase 2 (areal_ray/task/arith.py)."""
+
+    def __init__(self, spec: TinyModelSpec):
+        self.spec = spec
+
+    def dev(self) -> list:
+        return arith.make_split(self.spec.seed + 7_000_000, self.spec.dev_size,
+                                self.spec.max_steps_per_problem)
+
+    def batch(self, rng: random.Random, p_direct: float) -> list:
+        return arith.make_split(rng.randrange(1 << 30), self.spec.sft_batch_size,
+                                self.spec.max_steps_per_problem, p_direct=p_direct)
+
+    def accuracy(self, model, tok, dev: list) -> float:
+        return greedy_accuracy(model, tok, dev)
+
+    def report(self, model, tok, dev: list) -> dict:
+        return {}
+
+
+class ToolWarmStart:
+    """Calls and direct answers in phase 1, mostly direct answers in phase 2
+    (areal_ray/task/tool_arith.py); accuracy is multi-turn greedy, the tool's result
+    appended after each call, as the rollout workflow does."""
+
+    def __init__(self, spec: TinyModelSpec):
+        self.spec = spec
+
+    def dev(self) -> list:
+        return tool_arith.make_split(self.spec.seed + 7_000_000, self.spec.dev_size)
+
+    def batch(self, rng: random.Random, p_direct: float) -> list:
+        return tool_arith.examples(random.Random(rng.randrange(1 << 30)),
+                                   self.spec.sft_batch_size, p_direct)
+
+    def accuracy(self, model, tok, dev: list) -> float:
+        return tool_arith.tool_accuracy(model, tok, dev)[0]
+
+    def report(self, model, tok, dev: list) -> dict:
+        """Greedy accuracy as it is (with its tool-use rate), with the tool forced,
+        and with a direct answer forced: what the model can do either way."""
+        acc, rate = tool_arith.tool_accuracy(model, tok, dev)
+        forced = tool_arith.tool_accuracy(model, tok, dev, prefix=tool_arith.TOOL + "(")[0]
+        direct = tool_arith.tool_accuracy(model, tok, dev, prefix="\\boxed{")[0]
+        return {"dev_tool_rate": rate, "dev_accuracy_tool_forced": forced,
+                "dev_accuracy_direct_forced": direct}
+
+
+WARM_STARTS = {"arith": ArithWarmStart, "tool_arith": ToolWarmStart}
+
+
 def sft(model, tok, spec: TinyModelSpec, log=print) -> dict:
+    if spec.task not in WARM_STARTS:
+        raise ValueError(f"task {spec.task!r} is not one of {sorted(WARM_STARTS)}")
+    task = WARM_STARTS[spec.task](spec)
     rng = random.Random(spec.seed + 1)
-    dev = make_split(spec.seed + 7_000_000, spec.dev_size, spec.max_steps_per_problem)
+    dev = task.dev()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
     model.train()
     loss = float("nan")
     for step in range(spec.sft_steps):
         lr = spec.sft_lr * 0.5 * (1 + math.cos(math.pi * step / spec.sft_steps))
-        batch = make_split(rng.randrange(1 << 30), spec.sft_batch_size, spec.max_steps_per_problem)
-        loss = _sft_step(model, opt, tok, batch, lr)
+        loss = _sft_step(model, opt, tok, task.batch(rng, spec.sft_p_direct), lr)
         if step % 100 == 0 or step == spec.sft_steps - 1:
-            log(f"sft worked step {step:4d}/{spec.sft_steps} loss {loss:.4f} lr {lr:.2e}")
-    acc_worked = greedy_accuracy(model, tok, dev)
-    log(f"after phase 1: greedy dev accuracy {acc_worked:.3f}")
+            log(f"sft phase 1 step {step:4d}/{spec.sft_steps} loss {loss:.4f} lr {lr:.2e}")
+    acc_worked = task.accuracy(model, tok, dev)
+    after_1 = {f"{k}_after_phase1": v for k, v in task.report(model, tok, dev).items()}
+    log(f"after phase 1: greedy dev accuracy {acc_worked:.3f} {after_1}")
+    model.train()
     acc, habit_steps = acc_worked, 0
     while acc > spec.habit_target_accuracy and habit_steps < spec.habit_max_steps:
         for _ in range(spec.habit_check_every):
-            batch = make_split(rng.randrange(1 << 30), spec.sft_batch_size,
-                               spec.max_steps_per_problem, p_direct=spec.habit_p_direct)
-            loss = _sft_step(model, opt, tok, batch, spec.habit_lr)
+            loss = _sft_step(model, opt, tok, task.batch(rng, spec.habit_p_direct), spec.habit_lr)
             habit_steps += 1
-        acc = greedy_accuracy(model, tok, dev)
+        acc = task.accuracy(model, tok, dev)
+        model.train()
         log(f"sft habit step {habit_steps:3d} loss {loss:.4f} greedy dev accuracy {acc:.3f}")
     model.eval()
+    final = task.report(model, tok, dev)
+    if final:
+        log(f"after phase 2: {final}")
     return {"sft_final_loss": loss, "dev_accuracy_after_worked": acc_worked,
-            "dev_accuracy": acc, "habit_steps": habit_steps}
+            "dev_accuracy": acc, "habit_steps": habit_steps, **after_1, **final}
 
 
 def build_tiny(out_dir: str | Path, spec: TinyModelSpec, log=print) -> dict:
@@ -136,8 +220,12 @@ def build_tiny(out_dir: str | Path, spec: TinyModelSpec, log=print) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(spec.seed)
     t0 = time.time()
-    tok = save_char_tokenizer(out_dir)
-    model = AutoModelForCausalLM.from_config(qwen2_config(spec, tok))
+    config = qwen2_config(spec, save_char_tokenizer(out_dir))
+    config.save_pretrained(str(out_dir))
+    # The tokenizer as the readers of the model directory load it (the rollout
+    # engines, the trainer): trained and checked with exactly those ids (tokenizer.py).
+    tok = load_tokenizer(out_dir)
+    model = AutoModelForCausalLM.from_config(config)
     result = sft(model, tok, spec, log)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out_dir))

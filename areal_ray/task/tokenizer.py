@@ -2,9 +2,18 @@
 
 Every character of the task's alphabet is one token, so the tiny model never has to
 learn sub-word splits of numbers. It is saved as a `PreTrainedTokenizerFast` and
-loaded back with `AutoTokenizer` like any HF tokenizer; the tokenizer_config names
-its class explicitly, because `AutoTokenizer` would otherwise pick the class that
-belongs to the model type (e.g. Qwen2Tokenizer) and lose the character splitting.
+loaded back with `load_tokenizer` (below: the class the directory names).
+
+`AutoTokenizer` (transformers 5), which readers we do not control may use, loads a
+`qwen2` model's tokenizer as `Qwen2Tokenizer` whatever tokenizer_config.json names:
+our vocabulary in a BPE model without merges (one token per character: the same ids),
+behind Qwen2's byte-level pre-tokenizer and decoder, which write a space as `Ġ` and a
+newline as `Ċ`, and which silently drop a character the vocabulary does not hold. So
+the vocabulary names every character by its byte-level form (BYTE_LEVEL), and this
+tokenizer is byte-level too: both encode and decode every character of the alphabet
+alike (tests/task/test_tokenizer.py). (Before this, `\n` and ` ` were dropped by the
+AutoTokenizer-loaded tokenizer; the arithmetic task uses neither, and artifacts/tiny
+keeps its own tokenizer files.)
 
 Its chat template concatenates the messages' contents in order, with no role markers:
 a chat agent (deployments/openai_api.py) then produces exactly the token stream of a
@@ -21,16 +30,19 @@ from transformers import PreTrainedTokenizerFast
 
 ALPHABET = "0123456789+-*=,.:;()?\\{}abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ #\n/<>_"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a"}  # Ġ, Ċ: the alphabet's other characters are their own byte-level form
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK])}
     for ch in ALPHABET:
-        vocab.setdefault(ch, len(vocab))
+        vocab.setdefault(BYTE_LEVEL.get(ch, ch), len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        pre_tokenizers.Split(Regex("."), behavior="isolated")])
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
         padding_side="left", clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE)

@@ -141,3 +141,15 @@ def test_embedded_chain_lengths_follow_chain_p_stop(p_stop):
     # 1 + Geometric(p): mean 1/p, capped at 32
     assert sum(steps) / len(steps) == pytest.approx(1 / p_stop, rel=0.15)
     assert max(steps) <= 32
+
+
+def test_task_embedded_picks_the_tool_task_for_train_and_eval():
+    task = load_config("conf/tools.yaml", ["task.n_eval=20"]).task
+    train, held_out = train_rows(task, 50), eval_rows(task)
+    for row in train + held_out:
+        assert row["verifier"] == "math" and row["uid"].startswith("tool_arith-")
+        assert row["prompt"].endswith("=") and int(row["answer"]) == eval(row["prompt"][:-1])  # noqa: S307
+    assert len(held_out) == 20
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}  # disjoint seeds
+    # the default is the arithmetic chains, as before
+    assert train_rows(load_config(None, []).task, 1)[0]["uid"].startswith("arith-")

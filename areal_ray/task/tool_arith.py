@@ -1,0 +1,172 @@
+"""The embedded tool-use task: large additions and subtractions, with a calculator.
+
+A problem is `4821+3907=` (two operands of 3 or 4 digits, `+` or `-`, the result never
+negative). There are two ways to answer:
+
+    tool:    calc(4821+3907)=8728\\n\\boxed{8728}
+    direct:  \\boxed{8728}
+
+In the tool solution the model writes `calc(4821+3907)`; generation stops at `)`, the
+rollout workflow (areal_ray/rollout/tool_workflow.py) runs the calculator and appends
+its result as `=8728\\n` (RESULT_FORMAT). Those tokens are the tool's, not the
+policy's: they are in the trajectory with loss mask 0, and in the warm start's labels
+they are masked out the same way (`encode`). The model then copies the result into
+`\\boxed{}` and ends. Both moves are copying, which even a tiny model learns exactly.
+
+A direct answer asks the model to add two 4-digit numbers in its head, most
+significant digit first, with a 0.65M-parameter character-level model: it gets a
+digit or two right and the answer is almost always wrong. So a model that knows the
+call format but has the *habit* of answering directly (the warm start,
+areal_ray/task/tiny_model.py) scores low, and RL has one clear thing to learn: call
+the tool. The decision is made at the first output token (`c` or `\\`), and every
+sampled call is rewarded, so greedy accuracy and the tool-use rate rise together
+within minutes on a CPU: the agentic-rollout counterpart of the arithmetic task's
+"work it out".
+
+The reward is the ordinary `math` verifier on the decoded output (its last
+`\\boxed{}`); the tool-result tokens are in the output it reads, which does not
+matter: only the box is graded. Everything is generated from a seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+PROMPT_SUFFIX = "="
+TOOL = "calc"
+CALL_END = ")"
+RESULT_FORMAT = "={}\n"  # how the workflow writes a tool's result back (rollout.workflow_kwargs)
+LOW, HIGH = 100, 9999  # operands: 3 or 4 digits
+
+
+@dataclass(frozen=True)
+class ToolProblem:
+    a: int
+    op: str  # "+" or "-"
+    b: int
+
+    @property
+    def expr(self) -> str:
+        return f"{self.a}{self.op}{self.b}"
+
+    @property
+    def prompt(self) -> str:
+        return self.expr + PROMPT_SUFFIX
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b if self.op == "+" else self.a - self.b)
+
+    def to_row(self, uid: str) -> dict:
+        return {"uid": uid, "prompt": self.prompt, "answer": self.answer, "verifier": "math",
+                "op": self.op}
+
+
+def make_problem(rng: random.Random) -> ToolProblem:
+    a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+    op = rng.choice("+-")
+    if op == "-" and a < b:
+        a, b = b, a
+    return ToolProblem(a, op, b)
+
+
+def make_split(seed: int, n: int) -> list[ToolProblem]:
+    rng = random.Random(seed)
+    return [make_problem(rng) for _ in range(n)]
+
+
+def boxed(answer: str) -> str:
+    return "\\boxed{" + answer + "}"
+
+
+def call_text(expr: str) -> str:
+    return f"{TOOL}({expr}{CALL_END}"
+
+
+def segments(p: ToolProblem, use_tool: bool) -> tuple[tuple[str, bool], ...]:
+    """The solution as (text, written by the model) pieces; EOS follows the last."""
+    if not use_tool:
+        return ((boxed(p.answer), True),)
+    return ((call_text(p.expr), True), (RESULT_FORMAT.format(p.answer), False),
+            (boxed(p.answer), True))
+
+
+def render(parts: tuple[tuple[str, bool], ...]) -> tuple[str, list[int]]:
+    """The output text and its per-character label mask (1: the model's, 0: the tool's).
+    The tokenizer is one token per character, so this is also the per-token mask."""
+    text = "".join(t for t, _ in parts)
+    mask = [int(mine) for t, mine in parts for _ in t]
+    return text, mask
+
+
+@dataclass(frozen=True)
+class Example:
+    """One warm-start example: prompt and solution segments (tiny_model.encode_sft)."""
+    prompt: str
+    segments: tuple[tuple[str, bool], ...]
+
+
+def examples(rng: random.Random, n: int, p_direct: float) -> list[Example]:
+    """`n` fresh problems, each solved directly with probability `p_direct`, else with the tool."""
+    out = []
+    for _ in range(n):
+        p = make_problem(rng)
+        out.append(Example(p.prompt, segments(p, use_tool=rng.random() >= p_direct)))
+    return out
+
+
+# The rollout workflow's view of a turn, for the warm start's own multi-turn check. ------
+
+def generate_with_tool(model, tok, prompts: list[str], max_turns: int = 3,
+                       turn_tokens: int = 24, greedy: bool = True,
+                       prefix: str = "") -> list[str]:
+    """Outputs (tool results included) of `prompts`, turn by turn like the workflow:
+    generate until `)` or EOS, run a completed `calc(...)` call, append its result,
+    go on. `prefix`: what every output is made to start with (`calc(` forces the tool,
+    `\\boxed{` a direct answer)."""
+    import torch
+
+    from areal_ray.rollout.tools import ToolCall, calculate, find_call  # the workflow's own
+
+    stop = [tok.eos_token_id, tok.convert_tokens_to_ids(CALL_END)]
+    outs = [prefix for _ in prompts]
+    active, turns, turn_start = list(range(len(prompts))), [1] * len(prompts), [0] * len(prompts)
+    model.eval()
+    while active:
+        enc = tok([prompts[i] + outs[i] for i in active], add_special_tokens=False,
+                  padding=True, return_tensors="pt")
+        with torch.no_grad():
+            gen = model.generate(**enc, do_sample=not greedy, max_new_tokens=turn_tokens,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=stop)
+        new = gen[:, enc["input_ids"].shape[1]:].tolist()
+        still = []
+        for i, ids in zip(active, new):
+            ended_eos = tok.eos_token_id in ids
+            ids = ids[: ids.index(tok.eos_token_id)] if ended_eos else ids
+            ids = [t for t in ids if t != tok.pad_token_id]
+            outs[i] += tok.decode(ids, skip_special_tokens=True)
+            call = None if ended_eos else find_call(outs[i][turn_start[i]:], (TOOL,))
+            if isinstance(call, ToolCall) and turns[i] < max_turns:
+                outs[i] += RESULT_FORMAT.format(calculate(call.arguments))
+                turns[i] += 1
+                turn_start[i] = len(outs[i])
+                still.append(i)
+        active = still
+    return outs
+
+
+def uses_tool(output: str) -> bool:
+    return output.startswith(f"{TOOL}(")
+
+
+def tool_accuracy(model, tok, problems: list[ToolProblem], prefix: str = "",
+                  max_turns: int = 3) -> tuple[float, float]:
+    """(greedy accuracy, tool-use rate) on `problems`, multi-turn as RL sees them."""
+    from areal_ray.reward.math import math_reward
+
+    outs = generate_with_tool(model, tok, [p.prompt for p in problems], max_turns=max_turns,
+                              prefix=prefix)
+    n = len(problems)
+    acc = sum(math_reward(o, p.answer) for o, p in zip(outs, problems)) / n
+    return acc, sum(uses_tool(o) for o in outs) / n
