@@ -5,8 +5,11 @@ Learning itself is measured by the job's output (README), not asserted here."""
 
 import json
 
+import pytest
+
 from areal_ray.config import load_config
 from areal_ray.run import run_training
+from areal_ray.tracking import lineage, read_events
 
 STEPS, B, G = 3, 4, 4
 
@@ -35,3 +38,46 @@ def test_tool_task_trains_multi_turn_samples(ray_cluster, tools_model, tmp_path)
     assert 0.0 <= summary["eval_accuracy_after"] <= 1.0
     assert 0.0 <= summary["eval_tool_use_before"] <= 1.0  # evaluated through the workflow
     assert (tmp_path / "run" / "final_model" / "config.json").exists()
+
+
+def tools_config(model, run_dir, *extra):
+    return load_config("conf/tools.yaml", [
+        f"model.path={model}", f"algo.batch_groups={B}", f"rollout.group_size={G}",
+        "task.n_eval=8", "run.eval_before=false", f"run.run_dir={run_dir}",
+        f"run.mlflow_tracking_uri=sqlite:///{run_dir.parent / 'mlflow.db'}", *extra])
+
+
+def multi_turn_steps(run_dir, eta: int) -> list[dict]:
+    recs = lineage(read_events(run_dir / "steps.jsonl"))
+    assert all(r["staleness_max"] <= eta for r in recs)
+    assert sum(r["tool_calls"] for r in recs) > 0 and sum(r["tool_tokens"] for r in recs) > 0
+    return recs
+
+
+def test_tool_task_on_vllm_synchronous(ray_cluster, tools_model, tmp_path):
+    """vLLM stops at the call's `)` (stop token ids); eta 0 is synchronous."""
+    run_dir = tmp_path / "run"
+    run_training(tools_config(tools_model, run_dir, "rollout.backend=vllm", "algo.eta=0",
+                              "train.steps=3", "run.eval_after=false"))
+    recs = multi_turn_steps(run_dir, eta=0)
+    assert [r["version"] for r in recs] == [1, 2, 3]
+    assert all(r["admitted_versions"] == [r["step"]] * B for r in recs)
+
+
+ROLLING = ["rollout.min_replicas=2", "rollout.max_replicas=2", "rollout.rolling_update=true",
+           "algo.eta=2", "train.checkpoint_every=2", "run.eval_after=false"]
+
+
+def test_tool_task_with_rolling_updates_resumes_from_a_checkpoint(ray_cluster, tools_model,
+                                                                  tmp_path):
+    """Two replicas swap weights one at a time under running episodes; a new job resumes
+    the run from its checkpoint."""
+    run_dir = tmp_path / "run"
+    run_training(tools_config(tools_model, run_dir, "train.steps=2", *ROLLING))
+    resumed = run_training(tools_config(tools_model, run_dir, "train.steps=4", "run.resume=true",
+                                        *ROLLING))
+    assert resumed["resumed_at_step"] == 2
+    recs = multi_turn_steps(run_dir, eta=2)
+    assert [r["version"] for r in recs] == [1, 2, 3, 4]
+    positions = [p for r in recs for p in r["positions"]]
+    assert len(positions) == len(set(positions)) == 4 * B  # no prompt trained twice
