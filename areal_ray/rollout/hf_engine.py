@@ -28,7 +28,10 @@ noise, and one near-tie draw that flips puts the rest of the sample on another p
 and every kernel sees the same shapes as when it runs alone). With a seed its tokens
 and logprobs are then bit-identical alone, among any other traffic, and across an
 abort + resubmission at the same point. It costs one forward per running request per
-step instead of one per cohort (the measured cost is in docs/reproducibility.md).
+step instead of one per cohort: 0.17x the tokens/s of `continuous` on the embedded
+model on CPU (jobs/bench_repro.py, docs/reproducibility.md). Batching rows of equal
+length without padding was tried and is not enough: the CPU kernels are not
+batch-size-invariant either.
 
 Why not transformers' own continuous-batching manager: its `pause()` lets weights be
 swapped under running sequences, which would mix versions inside a sequence's KV
