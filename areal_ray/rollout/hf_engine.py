@@ -12,6 +12,27 @@ cache only once a quarter of a cohort is dead (compaction copies the cache).
 `batching="static"` admits only into an empty batch: the classic batch-at-a-time
 engine, kept for the benchmark.
 
+Reproducibility (docs/reproducibility.md). A request with a `seed` samples from its own
+`torch.Generator` seeded with it, one draw per token from its own row of
+probabilities, so its random draws never depend on other requests (rows without a
+seed share the engine's global generator, as before). Its *numerics* are another
+matter. In `continuous` (and `static`) batching a row's logits depend on what else
+runs: its cohort's width, and so the left padding in front of it, is set by the
+longest row it was prefilled or merged with, and a padded forward (masked columns,
+other shapes for the attention and matmul kernels) gives logits that differ from the
+unpadded ones in the last bits (measured: up to 2.4e-6 with 5 pad columns, float32
+CPU). So the same seeded request gives the same tokens and logprobs only up to that
+noise, and one near-tie draw that flips puts the rest of the sample on another path.
+`batching="invariant"` removes the dependency: every request is its own cohort
+(prefilled alone, never merged, decoded by its own forward per step, so no padding
+and every kernel sees the same shapes as when it runs alone). With a seed its tokens
+and logprobs are then bit-identical alone, among any other traffic, and across an
+abort + resubmission at the same point. It costs one forward per running request per
+step instead of one per cohort: 0.17x the tokens/s of `continuous` on the embedded
+model on CPU (jobs/bench_repro.py, docs/reproducibility.md). Batching rows of equal
+length without padding was tried and is not enough: the CPU kernels are not
+batch-size-invariant either.
+
 Why not transformers' own continuous-batching manager: its `pause()` lets weights be
 swapped under running sequences, which would mix versions inside a sequence's KV
 cache without a record of where, and `stop()` ends the manager; on CPU each of its
@@ -60,6 +81,7 @@ class _Row:
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None  # of a seeded request, made at its first draw
 
     def remaining(self) -> int:
         return self.req.max_new_tokens - len(self.out)
@@ -238,9 +260,11 @@ class HFEngine:
 
     def _admit(self) -> list[_Row]:
         room = self.max_batch_size - len(self._active)
-        if self._active and (self.batching == "static" or room < self._min_join <= len(self._waiting)):
+        if self._active and (self.batching == "static" or (
+                self.batching == "continuous" and room < self._min_join <= len(self._waiting))):
             # Static: only into an empty batch. Continuous: joins are prefilled and merged
             # together once a few rows are free (each merge copies the running cache).
+            # Invariant: a join is its own cohort (no merge), so it joins at once.
             room = 0
         new = []
         while self._waiting and len(new) < room:
@@ -268,6 +292,10 @@ class HFEngine:
         """Prefill `rows` in length-sorted chunks of at most `prefill_tokens` (padding
         included): a resubmitted 500-token prefix padded next to 20-token prompts would
         cost 25x its work, and after an abort every running row comes back at once."""
+        if self.batching == "invariant":  # every request alone: no padding, ever
+            for r in rows:
+                self._prefill_chunk([r])
+            return
         rows = sorted(rows, key=lambda r: len(r.req.input_ids), reverse=True)
         while rows:
             n = max(1, min(len(rows), self.prefill_tokens // len(rows[0].req.input_ids)))
@@ -296,8 +324,9 @@ class HFEngine:
         """Merge cohorts of similar width (or while there are too many). A cohort costs one
         forward per step; a merge pads the narrower cohort to the wider one's width for
         as long as the wider one's oldest row lives, and every padded column is attended
-        to on every step, so rows are only merged with rows of about their length."""
-        while len(self._cohorts) > 1:
+        to on every step, so rows are only merged with rows of about their length.
+        Never in invariant batching, where a row's numerics must not depend on others."""
+        while len(self._cohorts) > 1 and self.batching != "invariant":
             ratio, i, j = max((min(a.width, b.width) / max(a.width, b.width, 1), i, j)
                               for i, a in enumerate(self._cohorts)
                               for j, b in enumerate(self._cohorts) if i < j)
@@ -317,18 +346,34 @@ class HFEngine:
         self._stats["steps"] += 1
 
     def _record(self, rows: list[_Row], logits: torch.Tensor) -> None:
-        """Sample each row's next token and keep its behaviour logprob and version."""
+        """Sample each row's next token and keep its behaviour logprob and version.
+
+        Unseeded rows draw together from the global generator; a seeded row draws from
+        its own generator and its own row of probabilities (exp of a one-row slice), so
+        neither the draw nor the RNG state it consumes depends on the other rows."""
         temps = torch.tensor([r.req.temperature if r.req.temperature > 0 else 1.0 for r in rows],
                              device=logits.device)
-        greedy = torch.tensor([r.req.temperature <= 0 for r in rows], device=logits.device)
+        greedy = [r.req.temperature <= 0 for r in rows]
+        seeded = [i for i, r in enumerate(rows) if r.req.seed is not None and not greedy[i]]
         logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
-        tokens = torch.where(greedy, logp.argmax(-1), torch.multinomial(logp.exp(), 1).squeeze(-1))
+        tokens = logp.argmax(-1)
+        if len(seeded) + sum(greedy) < len(rows):  # some row samples from the global generator
+            tokens = torch.where(torch.tensor(greedy, device=logits.device), tokens,
+                                 torch.multinomial(logp.exp(), 1).squeeze(-1))
+        for i in seeded:
+            tokens[i] = torch.multinomial(logp[i].exp(), 1, generator=self._generator(rows[i]))[0]
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
         for r, t, lp in zip(rows, tokens.tolist(), chosen.tolist()):
             r.out.append(t)
             r.logprobs.append(lp)
             r.versions.append(self.version)
         self._stats["tokens"] += len(rows)
+
+    def _generator(self, row: _Row) -> torch.Generator:
+        if row.generator is None:
+            row.generator = torch.Generator(device=self.device)
+            row.generator.manual_seed(int(row.req.seed))
+        return row.generator
 
     def _retire(self) -> None:
         """Resolve finished rows at once; compact a cohort only once a quarter of its rows

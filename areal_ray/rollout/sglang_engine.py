@@ -29,6 +29,15 @@ the raw logits. The env var SGLANG_RETURN_ORIGINAL_LOGPROB (RETURN_ORIGINAL_LOGP
 in older releases) switches to pre-temperature logprobs, which our trainer cannot
 use, so the constructor refuses it.
 
+Seeds. A request's `seed` goes out as sglang's `sampling_seed`, which sglang honours
+only when the engine runs with `enable_deterministic_inference=True` (a server arg:
+`rollout.engine_kwargs.enable_deterministic_inference=true`): then each row samples by
+a Gumbel draw hashed from (its seed, its position), so the draw never depends on the
+batch, and sglang switches to its batch-invariant kernels (attention, matmul, norms)
+and the pytorch sampler. Without it the seed is ignored (sglang samples from one
+generator for the batch): the engine warns once. Checked against the wheel's
+SamplingParams and SamplingBatchInfo (tests/contract); not run on a GPU here.
+
 Weight updates. sglang 0.5.23 loads tensors only inside a weight-update session:
 `update_weights_from_tensor` answers success=False unless `begin_weight_update` ran
 before it, and `end_weight_update` must follow (it finalises the runners' weights).
@@ -61,6 +70,7 @@ recent copy) for the sampling and logprob semantics.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 import torch
@@ -74,6 +84,8 @@ try:
     from sglang.srt.utils import MultiprocessingSerializer
 except ImportError:  # CPU machines: the module still imports, the engine cannot be built
     sgl = io_struct = MultiprocessingSerializer = None
+
+logger = logging.getLogger(__name__)
 
 # sglang's finish_reason["type"] -> our STOP_REASONS ("stop" covers EOS, stop ids, stop strings).
 FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -95,6 +107,8 @@ def sampling_params(req: GenerationRequest) -> dict:
         params.update(temperature=0.0, top_k=1)
     else:
         params.update(temperature=float(req.temperature), top_k=-1)
+    if req.seed is not None:  # used under enable_deterministic_inference (see "Seeds")
+        params["sampling_seed"] = int(req.seed)
     return params
 
 
@@ -185,6 +199,8 @@ class SGLangEngine(GatedEngine):
                                  mem_fraction_static=mem_fraction_static,
                                  skip_tokenizer_init=True, **engine_kwargs)
         self.torch_dtype = getattr(torch, dtype, None) if dtype != "auto" else None
+        self.deterministic = bool(engine_kwargs.get("enable_deterministic_inference"))
+        self._warned_seed = False
         self.gate = AdmissionGate(version, ABORT_RETRY_S)
         self._stats = {"tokens": 0, "aborted_requests": 0}
 
@@ -197,6 +213,10 @@ class SGLangEngine(GatedEngine):
         budget = max(0, req.max_new_tokens)
         if budget == 0:
             return GenerationResult([], [], [], "length", req.rid)
+        if req.seed is not None and not self.deterministic and not self._warned_seed:
+            self._warned_seed = True
+            logger.warning("sglang ignores request seeds unless rollout.engine_kwargs."
+                           "enable_deterministic_inference=true: sampling is not reproducible")
         # sglang aborts by rid prefix; the gate's ids start with a fresh uuid.
         async with self.gate.admitted(budget, req.rid) as (rid, version):
             try:

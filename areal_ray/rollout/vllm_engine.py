@@ -102,10 +102,15 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
 
 def sampling_kwargs(req: GenerationRequest) -> dict:
     """SamplingParams keyword arguments: the full distribution at the request's temperature
-    and the sampled token's logprob."""
-    return dict(n=1, temperature=max(0.0, float(req.temperature)), top_p=1.0, top_k=0,
-                min_p=0.0, max_tokens=req.max_new_tokens, ignore_eos=req.ignore_eos,
-                stop_token_ids=list(req.stop_ids), logprobs=0, detokenize=False, skip_special_tokens=False)
+    and the sampled token's logprob; a request's `seed` becomes vLLM's per-request seed
+    (its own generator in vLLM's sampler, docs/reproducibility.md)."""
+    kw = dict(n=1, temperature=max(0.0, float(req.temperature)), top_p=1.0, top_k=0,
+              min_p=0.0, max_tokens=req.max_new_tokens, ignore_eos=req.ignore_eos,
+              stop_token_ids=list(req.stop_ids), logprobs=0, detokenize=False,
+              skip_special_tokens=False)
+    if req.seed is not None:
+        kw["seed"] = int(req.seed)
+    return kw
 
 
 def parse_output(completion, version: int, budget: int, rid: str = "") -> GenerationResult:

@@ -71,6 +71,19 @@ def test_sampling_params_are_accepted_by_sglang(req):
     assert (sp.top_p, sp.min_p) == (1.0, 0.0)
 
 
+def test_a_request_seed_is_sglangs_sampling_seed_under_deterministic_inference():
+    req = GenerationRequest([1], 16, temperature=1.0, seed=2**63 - 1)
+    sp = SamplingParams(**se.sampling_params(req))
+    sp.verify(vocab_size=1000)  # sglang's range check: [-2**63, 2**63 - 1]
+    assert sp.sampling_seed == 2**63 - 1
+    assert "sampling_seed" not in se.sampling_params(GenerationRequest([1], 16, temperature=1.0))
+    # the server arg that makes sglang use it (per-row seeded sampling, batch-invariant ops)
+    assert "enable_deterministic_inference" in {f.name for f in record_fields(ServerArgs)}
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    src = inspect.getsource(SamplingBatchInfo.from_schedule_batch)
+    assert "r.sampling_params.sampling_seed" in src and "if enable_deterministic" in src
+
+
 def _out(ids, finish_json):
     return {"output_ids": ids, "meta_info": {"finish_reason": finish_json,
                                              "output_token_logprobs": [(-0.5, t, None) for t in ids]}}

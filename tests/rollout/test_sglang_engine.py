@@ -52,6 +52,12 @@ def test_sampling_params_sampled_use_the_full_distribution():
                  "top_p": 1.0, "min_p": 0.0}
 
 
+def test_a_request_seed_is_sglangs_sampling_seed():
+    p = sampling_params(GenerationRequest([1, 2], 16, temperature=0.7, seed=123))
+    assert p["sampling_seed"] == 123 and p["temperature"] == 0.7
+    assert "sampling_seed" not in sampling_params(GenerationRequest([1, 2], 16, temperature=0.7))
+
+
 @pytest.mark.parametrize("temperature", [0.0, -1.0])
 def test_sampling_params_greedy(temperature):
     p = sampling_params(GenerationRequest([1], 4, temperature=temperature, ignore_eos=True))
@@ -280,6 +286,16 @@ def test_constructor_sends_token_ids_and_refuses_original_logprobs(engine, monke
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
     with pytest.raises(ValueError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         SGLangEngine("some/model")
+
+
+def test_a_seed_without_deterministic_inference_warns_once(engine, caplog):
+    with caplog.at_level("WARNING", logger=se.__name__):
+        for _ in range(2):
+            asyncio.run(engine.generate(GenerationRequest([1], 2, seed=5)))
+    assert [r.getMessage() for r in caplog.records if "enable_deterministic_inference" in r.getMessage()] \
+        and len(caplog.records) == 1
+    det = SGLangEngine("some/model", enable_deterministic_inference=True)
+    assert det.deterministic and det.engine.kwargs["enable_deterministic_inference"] is True
 
 
 def test_zero_budget_does_not_call_the_engine(engine):
