@@ -65,7 +65,10 @@ class ServerOptions:
     @classmethod
     def from_config(cls, cfg) -> "ServerOptions":
         r = cfg.rollout
-        return cls(backend=r.backend, batching=r.batching, max_batch_size=r.max_batch_size,
+        # run.deterministic: a row's numerics must not depend on what else runs (the hf
+        # engine's one-cohort-per-request layout, docs/reproducibility.md)
+        batching = "invariant" if cfg.run.deterministic and r.backend == "hf" else r.batching
+        return cls(backend=r.backend, batching=batching, max_batch_size=r.max_batch_size,
                    dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
                    rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
