@@ -11,18 +11,11 @@ import torch
 
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.hf_engine import HFEngine, _Row
+from tests.rollout.test_hf_engine import until
 
 
 def make(model_dir, batching="invariant", **kw):
     return HFEngine(model_dir, max_batch_size=16, batching=batching, **kw)
-
-
-async def until(cond, what: str, limit_s: float = 60.0):
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    while not cond():
-        assert loop.time() - t0 < limit_s, f"never saw: {what}"
-        await asyncio.sleep(0.002)
 
 
 def req(prompt_len, budget, temperature=1.0, seed=None, start=5):
