@@ -81,14 +81,21 @@ async def _call(fn, *args):
     return fn(*args)
 
 
+def _sync(fn):
+    """`fn` as the coroutine function `_with_body` awaits."""
+    return lambda *args: _call(fn, *args)
+
+
 # Helpers above the class: `serve.ingress` pickles the FastAPI app by value when it
 # decorates, so what its routes call must already exist then.
 @serve.deployment(name=OPENAI_DEPLOYMENT)
 @serve.ingress(api)
 class OpenAIServer:
     def __init__(self, rollout, model_path: str, opts: EndpointOptions):
-        from transformers import AutoConfig, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        from transformers import AutoConfig
+
+        from areal_ray.task.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(model_path)
         max_context = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         self.service = OpenAIService(
             tokenizer, EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
@@ -113,6 +120,10 @@ class OpenAIServer:
     @api.get("/sessions/{sid}/v1/models")
     async def models(self, sid: str) -> JSONResponse:
         return await _answer(_call(self.service.models))
+
+    @api.post("/sessions/{sid}")
+    async def open_session(self, sid: str, request: Request) -> JSONResponse:
+        return await self._with_body(_sync(self.service.open_session), sid, request)
 
     @api.get("/sessions/{sid}")
     async def session(self, sid: str) -> JSONResponse:

@@ -91,6 +91,11 @@ class AgentWorkflow:
                             f"{type(answer).__name__}: it must return the answer text or None")
         return answer
 
+    async def _open(self, sid: str) -> None:
+        res = await self.http().post(f"{self.base_url}/sessions/{sid}", json={
+            "temperature": self.config.temperature, "max_tokens": self.config.max_new_tokens})
+        res.raise_for_status()
+
     async def _samples(self, sid: str) -> list[Sample]:
         res = await self.http().get(f"{self.base_url}/sessions/{sid}")
         if res.status_code == 404:  # the agent made no call
@@ -108,6 +113,9 @@ class AgentWorkflow:
         """`client` (the engine client) is unused: the agent generates over HTTP."""
         sids = [uuid.uuid4().hex for _ in range(self.config.group_size)]
         try:
+            # The episode's sampling settings are the sessions' defaults: agent code that
+            # leaves temperature out samples in training and decodes greedily in eval.
+            await asyncio.gather(*[self._open(sid) for sid in sids])
             # Every agent ends before the sessions are deleted (one that raised does
             # not leave the others writing into deleted sessions); the first error wins.
             answers = await asyncio.gather(*[self._run_agent(sid, row) for sid in sids],

@@ -130,13 +130,29 @@ def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
     return ids
 
 
+def _temperature(body: dict) -> float | None:
+    t = body.get("temperature")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
+        raise bad(f"temperature must be a number in [0, 2], got {t!r}", "temperature")
+    return t
+
+
+def parse_defaults(body: dict, defaults: Defaults) -> Defaults:
+    """A session's own defaults (`POST /sessions/{sid}`): what its requests get when
+    they leave max_tokens / temperature out, e.g. greedy for an evaluation's sessions."""
+    unknown = set(body) - {"max_tokens", "temperature"}
+    if unknown:
+        raise bad(f"unknown session settings {sorted(unknown)}: only max_tokens, temperature")
+    t = _temperature(body)
+    return Defaults(_int(body, "max_tokens", 1) or defaults.max_tokens,
+                    float(defaults.temperature if t is None else t))
+
+
 def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[str, ...]) -> dict:
     budget = None
     for name in max_tokens_names:
         budget = budget if budget is not None else _int(body, name, 1)
-    t = body.get("temperature")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
-        raise bad(f"temperature must be a number in [0, 2], got {t!r}", "temperature")
+    t = _temperature(body)
     rti = body.get("return_token_ids")
     if rti is not None and not isinstance(rti, bool):
         raise bad("return_token_ids must be a boolean", "return_token_ids")

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
 from areal_ray.rollout.openai_protocol import (APIError, Defaults, completion_response,
                                                chat_response, fit_context, models_response,
-                                               parse_chat, parse_completion, render_chat)
+                                               parse_chat, parse_completion, parse_defaults,
+                                               render_chat)
 from areal_ray.rollout.sessions import SessionStore
 
 if TYPE_CHECKING:
@@ -64,8 +65,20 @@ class OpenAIService:
         token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
         return prompt_ids, sample, self.decode(sample.output_ids), token_texts
 
+    def _defaults(self, sid: str) -> Defaults:
+        session = self.store.get(sid)
+        return session.defaults if session is not None and session.defaults else self.defaults
+
+    def open_session(self, sid: str, body: dict) -> dict:
+        """Open `sid` with its own sampling defaults (`max_tokens`, `temperature`): a
+        workflow sets them for agent code that leaves them out (an evaluation's
+        sessions decode greedily while training ones sample)."""
+        defaults = parse_defaults(body, self.defaults)
+        self._session(sid).defaults = defaults
+        return {"id": sid, "max_tokens": defaults.max_tokens, "temperature": defaults.temperature}
+
     async def completions(self, sid: str, body: dict) -> dict:
-        req = parse_completion(body, self.defaults, self.encode)
+        req = parse_completion(body, self._defaults(sid), self.encode)
         if isinstance(req.prompt, str):
             got = await self._generate(sid, req, req.prompt, None)
         else:
@@ -73,7 +86,7 @@ class OpenAIService:
         return completion_response(req, *got)
 
     async def chat(self, sid: str, body: dict) -> dict:
-        req = parse_chat(body, self.defaults, self.encode)
+        req = parse_chat(body, self._defaults(sid), self.encode)
         text = render_chat(self.tokenizer, req.messages)
         return chat_response(req, *await self._generate(sid, req, text, None))
 

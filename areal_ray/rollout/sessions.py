@@ -69,6 +69,7 @@ class Session:
     def __init__(self, sid: str, encode: Encode, decode: Decode):
         self.sid, self.encode, self.decode = sid, encode, decode
         self.calls: list[Call] = []
+        self.defaults = None  # the session's own sampling defaults, when its opener set them
 
     def prompt_ids(self, text: str) -> tuple[list[int], int | None]:
         """The ids to generate from for prompt `text`, and the index of the call they

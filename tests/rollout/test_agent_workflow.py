@@ -36,6 +36,8 @@ def transport(svc) -> httpx.MockTransport:
                 body = await svc.completions(sid, json.loads(request.content))
             elif request.method == "DELETE":
                 body = svc.delete(sid)
+            elif request.method == "POST":
+                body = svc.open_session(sid, json.loads(request.content))
             else:
                 body = svc.session(sid)
         except APIError as e:
@@ -53,9 +55,9 @@ class MockedAgentWorkflow(AgentWorkflow):
         return self._http
 
 
-def workflow(svc, group_size=3, **kwargs):
+def workflow(svc, group_size=3, temperature=1.0, **kwargs):
     MockedAgentWorkflow.svc = svc
-    return MockedAgentWorkflow(EpisodeConfig(group_size, 8, 1.0), base_url=BASE, **kwargs)
+    return MockedAgentWorkflow(EpisodeConfig(group_size, 8, temperature), base_url=BASE, **kwargs)
 
 
 async def none_agent(client, row):
@@ -85,6 +87,21 @@ def test_the_calculator_agent_gives_one_sample_per_session(engine):  # noqa: F81
         # the agent's transcript is the decoded trajectory (model text and tool results)
         assert s.text == engine.tokenizer.decode(s.output_ids, skip_special_tokens=True)
     assert len(svc.store) == 0  # every session was deleted
+
+
+def test_the_episodes_sampling_settings_are_the_sessions_defaults(engine):  # noqa: F811
+    """The calculator agent sends no temperature: an evaluation's episode (temperature
+    0) must decode greedily through the endpoint, so its sessions agree token for token."""
+    torch.manual_seed(0)
+    svc = service(engine)
+    greedy = asyncio.run(workflow(svc, 4, temperature=0.0, agent=AGENT).arun_episode(None, ROW))
+    assert len({tuple(s.output_ids) for s in greedy.samples}) == 1
+    sampled = asyncio.run(workflow(svc, 4, agent=AGENT).arun_episode(None, ROW))
+    assert len({tuple(s.output_ids) for s in sampled.samples}) > 1
+    with pytest.raises(APIError, match="unknown session settings"):
+        svc.open_session("s", {"top_p": 0.5})
+    with pytest.raises(APIError, match="temperature"):
+        svc.open_session("s", {"temperature": 3})
 
 
 def test_rows_are_rejected_when_an_agent_returns_none_or_a_session_forks(engine):  # noqa: F811
