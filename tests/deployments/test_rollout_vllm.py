@@ -108,10 +108,16 @@ def test_hundreds_of_concurrent_requests_complete_across_both_replicas(app):
     # carries what earlier tests routed through it.
     handle = serve.get_app_handle(app["name"])
     before = {k: s["requests"] for k, s in replica_stats(handle, 2).items()}
-    results = [handle.generate.remote([5, 6, 7], 16, 1.0, True) for _ in range(200)]
-    assert all(len(r.result(timeout_s=300)["output_ids"]) == 16 for r in results)
-    after = replica_stats(handle, 2)
-    served = {k: after[k]["requests"] - before.get(k, 0) for k in after}
+    # Waves of 200 until both replicas have served some (at most 3): under a loaded
+    # full suite a replica can be briefly out of the router's set (a full CI run once
+    # sent one whole wave to one replica); every request must still complete.
+    for _ in range(3):
+        results = [handle.generate.remote([5, 6, 7], 16, 1.0, True) for _ in range(200)]
+        assert all(len(r.result(timeout_s=300)["output_ids"]) == 16 for r in results)
+        after = replica_stats(handle, 2)
+        served = {k: after[k]["requests"] - before.get(k, 0) for k in after}
+        if min(served.values()) > 0:
+            break
     assert sum(served.values()) >= 200 and min(served.values()) > 0, {  # the router used both
         k: {x: after[k].get(x) for x in ("requests", "running", "queued", "paused", "version")}
         for k in after}
