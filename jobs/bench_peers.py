@@ -157,12 +157,12 @@ def run_ours(c: BenchPeersConfig, seed: int, root: Path) -> dict:
 def grade(run: dict, c: BenchPeersConfig) -> None:
     """Greedy held-out accuracy of every saved model of `run`, by our evaluator."""
     from ray import serve
-    from areal_ray.task.tokenizer import load_tokenizer
 
     from areal_ray.config import load_config
     from areal_ray.data.prompts import eval_rows
     from areal_ray.eval import evaluate
     from areal_ray.run import init_ray
+    from areal_ray.task.tokenizer import load_tokenizer
     from deployments.rollout import build_app
     cfg = load_config(c.run_config, ["rollout.backend=hf"])
     init_ray(cfg)

@@ -27,12 +27,12 @@ from jobs.cli import run_job
 def run_eval(cfg) -> dict:
     import mlflow
     from ray import serve
-    from areal_ray.task.tokenizer import load_tokenizer
 
     from areal_ray.data.prompts import eval_rows
     from areal_ray.eval import evaluate
     from areal_ray.reward.registry import check_checkers
     from areal_ray.run import init_ray, resolve_model
+    from areal_ray.task.tokenizer import load_tokenizer
     from areal_ray.tracking import params_of, use_experiment
     from deployments.rollout import build_app
 

@@ -43,13 +43,13 @@ def run(c: PeerTRLConfig) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
-    from areal_ray.task.tokenizer import load_tokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from areal_ray.config import load_config
     from areal_ray.data.prompts import train_rows
     from areal_ray.reward.math import math_reward
     from areal_ray.run import resolve_model
+    from areal_ray.task.tokenizer import load_tokenizer
 
     torch.set_num_threads(c.threads)
     cfg = load_config(c.config, [])
