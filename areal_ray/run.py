@@ -24,6 +24,8 @@ from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from transformers import AutoModelForCausalLM
 
+from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
+                                         deploy_app, train_start_problem)
 from areal_ray.config import Config, ConfigError
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
@@ -148,6 +150,22 @@ class StepTail:
         return lineage(self.events)
 
 
+def worker_resources(cfg: Config) -> dict:
+    """A trainer worker's Ray resources: its CPUs, and with `train.use_gpu` its GPU share
+    (a fraction when it shares the GPU with a rollout replica)."""
+    res = {"CPU": cfg.train.num_cpus_per_worker}
+    if cfg.train.use_gpu:
+        res["GPU"] = cfg.train.num_gpus_per_worker
+    return res
+
+
+def model_shape(model_path: str):
+    from transformers import AutoConfig
+
+    from areal_ray.train.memory import DecoderShape
+    return DecoderShape.from_hf(AutoConfig.from_pretrained(model_path))
+
+
 def check_memory(cfg: Config, model_path: str) -> None:
     """With `train.gpu_memory_gib`: refuse a micro-batch budget the memory model says
     does not fit (an OOM an hour in is worse), or pick the largest that does."""
@@ -228,6 +246,8 @@ def run_training(cfg: Config) -> dict:
                           "to continue it, or choose another run.run_dir")
     replay_dir = check_replay(cfg)
     init_ray(cfg)
+    if cfg.run.check_placement:  # before anything is deployed
+        check_placement(cfg, model_shape(model_path) if cfg.train.gpu_memory_gib > 0 else None)
     tracker = RunTracker(cfg, run_dir, resume=resume)
     print(f"[areal-ray] run dir {run_dir}  mlflow run {tracker.run_id}", flush=True)
     tag = uuid.uuid4().hex[:8]
@@ -257,25 +277,31 @@ def run_training(cfg: Config) -> dict:
                                "weights_dir": str(run_dir / "weights"),
                                "batches_dir": str(run_dir / RECORD_DIR), "replay_dir": replay_dir},
             scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
-                                         resources_per_worker={"CPU": cfg.train.num_cpus_per_worker}),
+                                         resources_per_worker=worker_resources(cfg)),
             datasets=datasets,
             dataset_config=DataConfig(enable_shard_locality=False),
             # A fixed name under the run dir: a new job with the same run dir (run.resume)
             # finds the checkpoints, and Ray Train hands the latest to the workers.
             run_config=RunConfig(name=TRAIN_DIR, storage_path=str(run_dir),
-                                 failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+                                 # A worker group that cannot be placed by the deadline
+                                 # ends the job (Ray Train would retry it forever).
+                                 failure_config=FailureConfig(max_failures=cfg.train.max_failures,
+                                                              controller_failure_limit=0),
                                  callbacks=[DriverWatch(driver_name, namespace)],
                                  worker_runtime_env=trainer_runtime_env(cfg)))
         prior = lineage(read_events(tracker.steps_path)) if resume else []
         tail = StepTail(driver, tracker, prior=prior)
         t_train = time.time()
         stopper = StopOnInterrupt(lambda: driver.request_stop.remote(), notice=tail.progress.note)
+        bound_train_start(cfg.run.placement_timeout_s)
         try:
             with stopper:
                 in_worker_thread(trainer.fit)
         except Exception as e:
             if not actor_alive(driver, timeout_s=10):
                 raise RuntimeError(driver_lost(driver_name, cfg, run_dir)) from e
+            if (unplaced := train_start_problem(e, cfg)) is not None:
+                raise PlacementError(unplaced) from e
             raise
         finally:
             steps = tail.stop()
@@ -328,13 +354,13 @@ def start_rollout_app(cfg: Config, model_path: str, driver_name: str, namespace:
     if endpoint.enabled:
         serve.start(proxy_location="HeadOnly",
                     http_options={"host": endpoint.host, "port": endpoint.port})
-        serve.run(build_openai_app(cfg, app, model_path), name=app_name,
-                  route_prefix=endpoint.route_prefix)
+        deploy_app(build_openai_app(cfg, app, model_path), app_name, cfg.run.placement_timeout_s,
+                   route_prefix=endpoint.route_prefix)
         print(f"[areal-ray] OpenAI endpoint at {endpoint.base_url(ray.util.get_node_ip_address())}"
               "/sessions/<sid>/v1", flush=True)
     else:
         serve.start(proxy_location="Disabled")
-        serve.run(app, name=app_name, route_prefix=None)
+        deploy_app(app, app_name, cfg.run.placement_timeout_s)
     return serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app_name)
 
 

@@ -60,6 +60,7 @@ class ServerOptions:
     weights_timeout_s: float
     weights_backend: str
     engine_kwargs: dict | None
+    release_memory: bool  # free the engine's GPU memory during trainer steps (one GPU)
     run_name: str  # the `run` tag of this replica's dashboard metrics
 
     @classmethod
@@ -72,7 +73,7 @@ class ServerOptions:
                    dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
                    rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
-                   run_name=cfg.run.name)
+                   release_memory=r.release_memory, run_name=cfg.run.name)
 
 
 @serve.deployment(name=DEPLOYMENT_NAME, health_check_period_s=5, health_check_timeout_s=60)
@@ -83,7 +84,8 @@ class RolloutServer:
         torch.set_num_threads(opts.torch_threads)
         self.engine = build_engine(opts.backend, model_path, max_batch_size=opts.max_batch_size,
                                    dtype=opts.dtype, batching=opts.batching,
-                                   threads=opts.torch_threads, engine_kwargs=opts.engine_kwargs)
+                                   threads=opts.torch_threads, engine_kwargs=opts.engine_kwargs,
+                                   release_memory=opts.release_memory)
         if hasattr(self.engine, "warmup"):
             await self.engine.warmup()
         # The app owns the tokenizer, as inference servers do: clients (the rollout
@@ -93,7 +95,9 @@ class RolloutServer:
         self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.driver = ray.get_actor(driver_name, namespace=namespace) if driver_name else None
-        self._watcher = None
+        self._watcher = self._releaser = None
+        self.released = False  # the engine's GPU memory is freed for a trainer step
+        self._memory = asyncio.Lock()  # a release and a push's resume never interleave
         self.serial = 0  # the driver's publication this replica serves (0: from disk)
         self.failed_serial = 0
         self.updates: list[dict] = []  # when each load held the engine (rolling-update checks)
@@ -109,6 +113,8 @@ class RolloutServer:
                 got = await self.driver.wait_for_weights.remote(self.replica_id, got[0], 30.0) or got
             await self._load(*got)
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
+            if opts.release_memory:
+                self._releaser = asyncio.get_running_loop().create_task(self._watch_release())
 
     async def _load(self, serial: int, version: int, payload) -> None:
         t0 = time.perf_counter()
@@ -124,6 +130,10 @@ class RolloutServer:
             await self.driver.acquire_load_slot.remote(self.replica_id)
         try:
             t0 = time.time()
+            async with self._memory:  # the new weights go into an engine that has its memory
+                if self.released:
+                    await self.engine.resume_memory()
+                    self.released = False
             info = await self.engine.update_weights(state_dict, version, self.update_mode)
             self.updates = (self.updates + [{"version": version, "start": t0, "end": time.time(),
                                              **info}])[-16:]
@@ -148,6 +158,27 @@ class RolloutServer:
                 raise
             except Exception:  # noqa: BLE001 - keep polling; health check reports a dead watcher
                 logger.exception("weight watcher failed; retrying")
+                await asyncio.sleep(1.0)
+
+    async def _watch_release(self) -> None:
+        """Free the engine's GPU memory at each release round the trainer opens
+        (areal_ray/driver/release.py); the next push's `_swap` restores it."""
+        seen = 0
+        while True:
+            try:
+                epoch = await self.driver.wait_for_release.remote(self.replica_id, seen, 30.0)
+                if epoch is None:
+                    continue
+                async with self._memory:
+                    if not self.released:
+                        await self.engine.release_memory()
+                        self.released = True
+                seen = epoch
+                await self.driver.ack_release.remote(self.replica_id, epoch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep polling; the trainer's round times out
+                logger.exception("memory release failed; retrying")
                 await asyncio.sleep(1.0)
 
     async def _sample_metrics(self) -> None:

@@ -28,6 +28,7 @@ def run_eval(cfg) -> dict:
     import mlflow
     from ray import serve
 
+    from areal_ray.cluster.placement import check_placement, deploy_app
     from areal_ray.data.prompts import eval_rows
     from areal_ray.eval import evaluate
     from areal_ray.reward.registry import check_checkers
@@ -41,11 +42,13 @@ def run_eval(cfg) -> dict:
     rows = eval_rows(cfg.task, check_checkers(cfg.reward.checkers))
     out = Path(cfg.eval.out or f"runs/eval-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     init_ray(cfg)
+    if cfg.run.check_placement:
+        check_placement(cfg, training=False)
     tokenizer = load_tokenizer(model_path)
     app = f"areal-eval-{uuid.uuid4().hex[:8]}"
     serve.start(proxy_location="Disabled")
-    handle = serve.run(build_app(cfg, model_path), name=app, route_prefix=None)
     try:
+        handle = deploy_app(build_app(cfg, model_path), app, cfg.run.placement_timeout_s)
         greedy = evaluate(handle, tokenizer, rows, cfg.rollout.max_new_tokens,
                           checkers=cfg.reward.checkers)
         ks = sorted({1, cfg.eval.k})

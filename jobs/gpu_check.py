@@ -1,23 +1,42 @@
 """GPU check: validate the GPU path piece by piece on one machine, before a real run.
 
-    python -m jobs.gpu_check [device=auto] [layers=0] [tokens=4096] [engine=auto]
-                             [pieces=train_step,weight_push,engine] [out=runs/gpu_check.json]
+    python -m jobs.gpu_check [run_config=conf/gsm8k_qwen_1gpu.yaml] [device=auto] [layers=0]
+                             [tokens=0] [attn=] [engine=auto]
+                             [pieces=train_step,weight_push,engine,one_gpu] [out=runs/gpu_check.json]
 
-Pieces, each reported PASS / FAIL / SKIP with its figures, then a JSON report:
+Each piece runs in a process of its own (a crash, a CUDA error or memory left in the
+caching allocator by one piece cannot decide the next) and is reported PASS / FAIL /
+SKIP with its figures, then a JSON report. The trainer settings (attention kernel,
+micro-batch tokens, dtypes, activation checkpointing, logits chunk) are the run
+config's, so what passes here is what the run will do.
 
 * train_step: our real `train_step` (FSDP2, bf16 compute over fp32 master weights,
   packed micro-batch, chunked logprobs, activation checkpointing) on a random-init
   model of `model_config`'s architecture (Qwen2.5-1.5B by default; `layers` shrinks
-  it). On a GPU the peak allocated memory of the second step is compared with the
-  memory model (areal_ray/train/memory.py) and must not exceed it; on CPU the bytes
-  autograd saves are compared with the model's bytes per token (exact for sdpa).
+  it). On a GPU the peak allocated memory of the second step (optimizer included) must
+  not exceed the memory model (areal_ray/train/memory.py), and the peak while loading
+  and sharding is reported; on CPU the bytes autograd saves are compared with the
+  model's bytes per token (exact for sdpa).
 * weight_push: trainer-side `WeightGroup.send` to a receiver process, bit-identical
   (NCCL between two GPUs, gloo on CPU), then a receiver that joined but never
   receives: the sender must get an error within the timeout and stay alive (the
-  condition for the object-store fallback). NCCL refuses two ranks on one GPU: SKIP.
+  condition for the object-store fallback). NCCL refuses two ranks on one GPU: SKIP
+  with fewer than 2 GPUs.
 * engine: the rollout engine installed (sglang, vllm, else hf): generate, abort a
   running request, load perturbed weights, and the engine's logprobs against the
   trainer's logprobs of the same tokens under the same weights.
+* loop: the one-GPU loop without Ray, on one device in one process: the hf engine
+  generates for `loop_prompts` x rollout.group_size samples, the trainer steps on them
+  (random rewards: speed and memory are measured here, not learning), the new weights
+  go into the engine, and the next round's tokens must carry the new version. Reports
+  each phase's seconds and the device's peak memory.
+* one_gpu: the run config's layout on this one GPU (areal_ray/cluster/plan.py): its
+  memory plan must fit the device, then the plan is tried on the device. An engine's
+  share is held by a stand-in allocation of the planned size (the engine of the step
+  phase: released or not, per rollout.release_memory) while the real train step runs
+  beside it; then, the trainer's state still alive, the engine's generating share is
+  allocated too. PASS when both phases fit on the real device and the step's peak is
+  within the plan.
 
 Runs in the test suite on CPU (small model); run it on a GPU machine as it is.
 """
@@ -27,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import queue
 import sys
 import time
 import traceback
@@ -38,21 +58,57 @@ import torch
 from areal_ray.config import opt
 from jobs.cli import job_config
 
-PIECES = ("train_step", "weight_push", "engine")
+PIECES = ("train_step", "weight_push", "engine", "one_gpu", "loop")
 
 
 @dataclass
 class GPUCheckConfig:
+    run_config: str = opt("conf/gsm8k_qwen_1gpu.yaml", "run config whose trainer settings (model.attn_implementation, model.dtype, train.*, algo.microbatch.max_tokens) and layout (one_gpu) are checked; empty: the defaults")
     device: str = opt("auto", "auto (cuda when available) | cuda | cpu")
     model_config: str = opt("conf/models/qwen2.5-1.5b.json", "HF config (file or dir) of the random-init model the train step runs")
     layers: int = opt(0, "decoder layers of that model (0: as configured)")
-    tokens: int = opt(4096, "tokens of the packed micro-batch of the train step")
-    activation_checkpointing: bool = opt(True, "recompute layers in the backward (train.activation_checkpointing)")
+    tokens: int = opt(0, "tokens of the packed micro-batch of the train step; 0: the run config's algo.microbatch.max_tokens")
+    attn: str = opt("", "attention kernel of the train step; empty: the run config's model.attn_implementation (sdpa if unset, and on CPU)")
+    activation_checkpointing: str = opt("", "true|false: override the run config's train.activation_checkpointing")
     push_mb: int = opt(256, "size of the weights pushed in the weight_push piece")
     engine: str = opt("auto", "auto (sglang, then vllm, then hf: the first installed) | sglang | vllm | hf")
     engine_model: str = opt("artifacts/tiny", "model directory the engine piece serves")
+    loop_steps: int = opt(3, "loop piece: generate -> train -> push rounds")
+    loop_prompts: int = opt(16, "loop piece: prompts per round (rollout.group_size samples each)")
+    loop_new_tokens: int = opt(256, "loop piece: new tokens per sample")
     pieces: str = opt(",".join(PIECES), "comma-separated subset of " + ",".join(PIECES))
+    piece_timeout_s: float = opt(900.0, "a piece still running after this is killed and FAILs")
     out: str = opt("runs/gpu_check.json", "JSON report")
+
+
+def run_settings(c: GPUCheckConfig, dev: torch.device):
+    """The run config the pieces follow, with gpu_check's overrides applied."""
+    from areal_ray.config import load_config
+    over = []
+    if c.tokens:
+        over.append(f"algo.microbatch.max_tokens={c.tokens}")
+    if c.activation_checkpointing:
+        over.append(f"train.activation_checkpointing={c.activation_checkpointing}")
+    if dev.type != "cuda":  # flash kernels and bf16 compute are GPU matters
+        over += ["model.attn_implementation=sdpa", "train.use_gpu=false", "weights.backend=gloo"]
+    if c.attn:
+        over.append(f"model.attn_implementation={c.attn}")
+    cfg = load_config(c.run_config or None, over)
+    if not cfg.algo.microbatch.max_tokens:
+        cfg.algo.microbatch.max_tokens = 4096
+    return cfg
+
+
+def cuda_device() -> torch.device:
+    """The current GPU, with its index: torch's process groups refuse an index-less one."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def free_cuda() -> None:
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------- train_step
@@ -69,76 +125,117 @@ def random_seqs(tokens: int, n: int, vocab: int, seed: int = 0) -> list[dict]:
     return seqs
 
 
-def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
-    import datetime
-    import importlib.util
+class SoloGroup:
+    """A one-rank process group for FSDP2 (NCCL on a GPU, gloo on CPU), destroyed on
+    exit only if it was made: a failed init must surface, not a failed cleanup."""
 
-    import torch.distributed as dist
+    def __init__(self, dev: torch.device):
+        self.dev = dev
+
+    def __enter__(self):
+        import datetime
+
+        import torch.distributed as dist
+        cuda = self.dev.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, timeout=datetime.timedelta(seconds=120),
+                                **({"device_id": self.dev} if cuda else {}))
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def build_trainer(c: GPUCheckConfig, cfg, dev: torch.device):
+    """(Models, HF config, DecoderShape): the run config's trainer on a random-init
+    model of `c.model_config`, sharded with FSDP2 on `dev`."""
     from transformers import AutoConfig
 
-    from areal_ray.config import load_config
-    from areal_ray.train.fsdp import enable_activation_checkpointing, load_sharded_model
-    from areal_ray.train.memory import DecoderShape, activation_bytes_per_token, random_decoder, trainer_memory
+    from areal_ray.train.fsdp import load_sharded_model
+    from areal_ray.train.memory import DecoderShape, random_decoder
     from areal_ray.train.schedule import make_scheduler
-    from areal_ray.train.step import Models, train_step
-
+    from areal_ray.train.step import Models
     hf = AutoConfig.from_pretrained(c.model_config)
     if c.layers:
         hf.num_hidden_layers = c.layers
+    torch.manual_seed(0)
+    attn = cfg.model.attn_implementation or "sdpa"
+    model = load_sharded_model(
+        "", cfg.model.dtype, device=dev, master_dtype=cfg.train.master_dtype,
+        attn_implementation=attn, activation_checkpointing=cfg.train.activation_checkpointing,
+        build=lambda _p, dtype, **kw: random_decoder(hf, dtype, "cpu", kw.get("attn_implementation", "sdpa")))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    return Models(model, opt, make_scheduler(opt, 2, 0, "constant")), hf, DecoderShape.from_hf(hf)
+
+
+def model_memory(cfg, shape, tokens: int):
+    from areal_ray.train.memory import DTYPE_BYTES, trainer_memory
+    return trainer_memory(shape, tokens, 1, compute_bytes=DTYPE_BYTES[cfg.model.dtype],
+                          master_bytes=DTYPE_BYTES[cfg.train.master_dtype or cfg.model.dtype],
+                          checkpointing=cfg.train.activation_checkpointing,
+                          chunk_bytes=cfg.train.logits_chunk_mb << 20)
+
+
+def timed_step(m, seqs, cfg, dev) -> tuple[dict, float, int]:
+    """(stats, seconds, peak allocated bytes on a GPU) of one train step."""
+    from areal_ray.train.step import train_step
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    stats = train_step(m, seqs, cfg, 0, 1)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0
+    return stats, time.perf_counter() - t0, peak
+
+
+def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
+    from areal_ray.train.fsdp import enable_activation_checkpointing
+    from areal_ray.train.memory import DTYPE_BYTES, GIB, activation_bytes_per_token, random_decoder
+
+    cfg = run_settings(c, dev)
     cuda = dev.type == "cuda"
-    attn = "flash_attention_2" if cuda and importlib.util.find_spec("flash_attn") else "sdpa"
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=120),
-                            **({"device_id": dev} if cuda else {}))
-    try:
-        torch.manual_seed(0)
-        model = load_sharded_model(
-            "", "bfloat16", device=dev, master_dtype="float32", attn_implementation=attn,
-            activation_checkpointing=c.activation_checkpointing,
-            build=lambda _p, dtype, **kw: random_decoder(hf, dtype, dev, kw.get("attn_implementation", "sdpa")))
-        cfg = load_config(None, [f"algo.microbatch.max_tokens={c.tokens}", "algo.batch_groups=4",
-                                 f"train.activation_checkpointing={c.activation_checkpointing}"])
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        m = Models(model, opt, make_scheduler(opt, 2, 0, "constant"))
-        seqs = random_seqs(c.tokens, 8, hf.vocab_size)
-        shape = DecoderShape.from_hf(hf)
-        out = {"attn_implementation": attn, "params": shape.params, "tokens": sum(
-            len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)}
-        train_step(m, seqs, cfg, 0, 1)  # AdamW's state now exists
+    with SoloGroup(dev):
         if cuda:
-            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(dev)
-        t0 = time.perf_counter()
-        stats = train_step(m, seqs, cfg, 0, 1)
-        out.update(step_s=round(time.perf_counter() - t0, 3), loss=stats["loss"],
+        m, hf, shape = build_trainer(c, cfg, dev)
+        load_peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
+        seqs = random_seqs(cfg.algo.microbatch.max_tokens, 8, hf.vocab_size)
+        tokens = sum(len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)
+        out = {"attn_implementation": cfg.model.attn_implementation or "sdpa", "params": shape.params,
+               "tokens": tokens, "activation_checkpointing": cfg.train.activation_checkpointing}
+        timed_step(m, seqs, cfg, dev)  # AdamW's state now exists
+        stats, step_s, peak = timed_step(m, seqs, cfg, dev)
+        out.update(step_s=round(step_s, 3), tokens_per_s=round(tokens / step_s), loss=stats["loss"],
                    grad_norm=stats["grad_norm"])
-        model_mem = trainer_memory(shape, out["tokens"], 1, checkpointing=c.activation_checkpointing,
-                                   chunk_bytes=cfg.train.logits_chunk_mb << 20)
-        predicted = model_mem.total - model_mem.overhead  # the allocator does not see the context
+        mem = model_memory(cfg, shape, tokens)
+        predicted = mem.total - mem.overhead  # the allocator does not see the context
         ok = bool(torch.isfinite(torch.tensor(stats["loss"])))
         if cuda:
-            peak = torch.cuda.max_memory_allocated(dev)
-            out.update(peak_gib=round(peak / 2**30, 3), model_gib=round(predicted / 2**30, 3),
-                       peak_over_model=round(peak / predicted, 3))
+            out.update(peak_gib=round(peak / GIB, 3), model_gib=round(predicted / GIB, 3),
+                       peak_over_model=round(peak / predicted, 3), load_peak_gib=round(load_peak / GIB, 3),
+                       model_parts_gib=mem.table())
             ok = ok and peak <= predicted
         else:
             from areal_ray.algo.packing import pack, packed_token_logprobs
             from areal_ray.train.memory import saved_activation_bytes
             # On a plain copy: FSDP's gathered weights would count as saved activations.
-            plain = random_decoder(hf, torch.bfloat16, dev, attn)
-            if c.activation_checkpointing:
+            b = DTYPE_BYTES[cfg.model.dtype]
+            plain = random_decoder(hf, getattr(torch, cfg.model.dtype), dev, "sdpa")
+            if cfg.train.activation_checkpointing:
                 enable_activation_checkpointing(plain)
             plain.train()
             mb = pack(seqs, build_mask=True)
             # one row per logits chunk: the logits are recomputed, and modelled apart
             _, saved = saved_activation_bytes(
                 lambda: packed_token_logprobs(plain, mb, 1.0, 4 * hf.vocab_size), plain)
-            per_token = activation_bytes_per_token(shape, 2, c.activation_checkpointing)
-            out.update(saved_bytes_per_token=saved / out["tokens"], model_bytes_per_token=per_token)
-            ok = ok and abs(saved / out["tokens"] - per_token) <= 0.01 * per_token
+            per_token = activation_bytes_per_token(shape, b, cfg.train.activation_checkpointing)
+            out.update(saved_bytes_per_token=saved / tokens, model_bytes_per_token=per_token)
+            ok = ok and abs(saved / tokens - per_token) <= 0.01 * per_token
         return {"status": "PASS" if ok else "FAIL", **out}
-    finally:
-        dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------- weight_push
@@ -159,7 +256,7 @@ def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nby
                 sent = group.send(iter(state.values()), specs, 64 << 20)
                 q.put((0, "sent", {"bytes": sent["bytes"], "s": time.perf_counter() - t0}))
             except RuntimeError as e:
-                q.put((0, "error", {"message": str(e)[:200], "s": time.perf_counter() - t0}))
+                q.put((0, "error", {"message": str(e), "s": time.perf_counter() - t0}))
         elif mode == "idle":
             time.sleep(15)
             q.put((1, "idle", {}))
@@ -167,7 +264,7 @@ def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nby
             got = {k: t.cpu().clone() for k, t in group.recv(specs, 64 << 20)}
             q.put((1, "got", {"equal": digest(got) == digest(state)}))
     except BaseException as e:  # noqa: BLE001 - reported, never hangs the check
-        q.put((rank, "crash", {"message": f"{type(e).__name__}: {e}"[:300]}))
+        q.put((rank, "crash", {"message": f"{type(e).__name__}: {e}"}))
 
 
 def _push_round(backend: str, devices: list[int], mode: str, nbytes: int) -> dict:
@@ -193,11 +290,11 @@ def _push_round(backend: str, devices: list[int], mode: str, nbytes: int) -> dic
 
 def check_weight_push(c: GPUCheckConfig, dev: torch.device) -> dict:
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    devices = [0, min(1, torch.cuda.device_count() - 1)] if backend == "nccl" else [0, 0]
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        return {"status": "SKIP", "reason": f"{torch.cuda.device_count()} GPU: NCCL refuses two ranks "
+                "on one GPU; a one-GPU layout pushes by shm (weights.path=shm)"}
+    devices = [0, 1] if backend == "nccl" else [0, 0]
     ok_round = _push_round(backend, devices, "receive", c.push_mb << 20)
-    crash = " ".join(v.get("message", "") for k, v in ok_round.items() if k != "hung")
-    if backend == "nccl" and "Duplicate GPU" in crash:
-        return {"status": "SKIP", "reason": "NCCL refuses two ranks on one GPU; needs 2 GPUs"}
     fail_round = _push_round(backend, devices, "idle", 1 << 20)
     sent, got, err = ok_round.get(0, {}), ok_round.get(1, {}), fail_round.get(0, {})
     out = {"backend": backend, "push": ok_round, "absent_receiver": fail_round}
@@ -216,12 +313,18 @@ def pick_engine(name: str) -> str:
     return next((b for b in ("sglang", "vllm") if importlib.util.find_spec(b)), "hf")
 
 
-async def _engine_round(engine, model, tok_ids: list[int]) -> dict:
+async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict:
     from areal_ray.algo.logprobs import token_logprobs
     from areal_ray.rollout.engine import GenerationRequest
     first = await engine.generate(GenerationRequest(tok_ids, 16, temperature=1.0, ignore_eos=True))
-    long = asyncio.ensure_future(engine.generate(GenerationRequest(tok_ids, 100_000, ignore_eos=True)))
-    await asyncio.sleep(0.5)
+    # The longest request the model's context allows (sglang refuses more than that).
+    budget = context - len(tok_ids) - 1
+    long = asyncio.ensure_future(engine.generate(GenerationRequest(tok_ids, budget, ignore_eos=True)))
+    for _ in range(500):  # abort it once it runs, before a fast engine finishes it
+        if engine.load().get("running", 0) or long.done():
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.02)
     await engine.pause("abort")
     aborted = await long
     await engine.resume()
@@ -250,10 +353,13 @@ def check_engine(c: GPUCheckConfig, dev: torch.device) -> dict:
                           **({"device": str(dev)} if backend == "hf" else {}))
     try:
         model = AutoModelForCausalLM.from_pretrained(c.engine_model, dtype=getattr(torch, dtype)).to(dev)
-        out = asyncio.run(_engine_round(engine, model, [5, 6, 7, 8, 9, 10]))
+        out = asyncio.run(_engine_round(engine, model, [5, 6, 7, 8, 9, 10],
+                                        model.config.max_position_embeddings))
     finally:
-        if hasattr(engine, "shutdown"):
-            engine.shutdown()
+        for stop in ("shutdown", "close"):  # vLLM/sglang, hf
+            if hasattr(engine, stop):
+                getattr(engine, stop)()
+                break
         del engine
     tol = 0.05 if dtype == "bfloat16" else 1e-3
     ok = (out["generated"] == 16 and out["aborted"] == "abort" and out["versions_after_update"] == [1]
@@ -261,26 +367,176 @@ def check_engine(c: GPUCheckConfig, dev: torch.device) -> dict:
     return {"status": "PASS" if ok else "FAIL", "backend": backend, "tolerance": tol, **out}
 
 
-CHECKS = {"train_step": check_train_step, "weight_push": check_weight_push, "engine": check_engine}
+def check_one_gpu(c: GPUCheckConfig, dev: torch.device) -> dict:
+    from areal_ray.cluster.plan import (GIB, REPLICA, TRAINER, Node, demands, engine_gib, memory_plan,
+                                        place, trainer_gib)
+    if dev.type != "cuda":
+        return {"status": "SKIP", "reason": "needs a GPU"}
+    cfg = run_settings(c, dev)
+    total_gib = torch.cuda.get_device_properties(dev).total_memory / GIB
+    p = place(demands(cfg), [Node("this", 64, 1, total_gib)])
+    shared = [g for g in p.sharing().values() if {REPLICA, TRAINER} <= {s.role for s in g}]
+    if not p.fits or not shared:
+        return {"status": "FAIL", "reason": f"{c.run_config} does not put a replica and a trainer "
+                "worker on one GPU", "unplaced": [d.role for d, _ in p.unplaced]}
+    with SoloGroup(dev):
+        m, hf, shape = build_trainer(c, cfg, dev)
+        plan = memory_plan(cfg, shape, p, total_gib)
+        out = {"gpu_gib": round(total_gib, 2), "plan": plan["gpus"][0]["gib"], "plan_fits": plan["fits"],
+               "engine_gib": engine_gib(cfg, shape, total_gib), "trainer_gib": trainer_gib(cfg, shape),
+               "release_memory": cfg.rollout.release_memory}
+        if not plan["fits"]:
+            return {"status": "FAIL", "reason": "the memory plan does not fit this GPU", **out}
+        seqs = random_seqs(cfg.algo.microbatch.max_tokens, 8, hf.vocab_size)
+        phase = "asleep" if cfg.rollout.release_memory else "awake"
+        # The engine's share in the step phase, held while the real step runs beside it.
+        engine = torch.empty(int(out["engine_gib"][phase] * GIB), dtype=torch.uint8, device=dev)
+        try:
+            timed_step(m, seqs, cfg, dev)
+            _, step_s, peak = timed_step(m, seqs, cfg, dev)
+            out.update(step_ok=True, step_s=round(step_s, 3), step_peak_gib=round(peak / GIB, 3))
+        except torch.OutOfMemoryError as e:
+            out.update(step_ok=False, step_error=str(e).split("\n")[0])
+        del engine
+        free_cuda()
+        # Generation: the trainer's state stays; the engine takes its whole share again.
+        resident = torch.cuda.memory_allocated(dev)
+        try:
+            engine = torch.empty(int(out["engine_gib"]["awake"] * GIB), dtype=torch.uint8, device=dev)
+            out["generate_ok"] = True
+            del engine
+        except torch.OutOfMemoryError as e:
+            out.update(generate_ok=False, generate_error=str(e).split("\n")[0])
+        free, _ = torch.cuda.mem_get_info(dev)
+        out.update(trainer_resident_gib=round(resident / GIB, 3), device_free_gib_after=round(free / GIB, 2))
+    ok = out.get("step_ok") and out.get("generate_ok") and \
+        out["step_peak_gib"] <= out["trainer_gib"]["step"]
+    return {"status": "PASS" if ok else "FAIL", **out}
+
+
+def engine_dir(c: GPUCheckConfig, hf, dtype: str, out: Path) -> str:
+    """A model dir of `hf`'s architecture (random weights; the trainer's are loaded
+    before the first round) with the tokenizer files of `c.engine_model`."""
+    import shutil
+
+    from areal_ray.train.memory import random_decoder
+    random_decoder(hf, getattr(torch, dtype), "cpu").save_pretrained(out)
+    for f in Path(c.engine_model).glob("*"):
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            shutil.copy(f, out / f.name)
+    return str(out)
+
+
+async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> list[dict]:
+    from areal_ray.rollout.engine import GenerationRequest
+    from areal_ray.train.fsdp import full_state_dict
+    from areal_ray.train.step import train_step
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, vocab, (64,), generator=g).tolist() for _ in range(c.loop_prompts)]
+    dtype = getattr(torch, cfg.model.dtype)
+    rounds = []
+    for v in range(1, c.loop_steps + 1):
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*[engine.generate(GenerationRequest(p, c.loop_new_tokens, 1.0))
+                                     for p in prompts for _ in range(cfg.rollout.group_size)])
+        t1 = time.perf_counter()
+        seqs = [{"prompt_ids": prompts[i // cfg.rollout.group_size], "output_ids": r.output_ids,
+                 "logprobs": r.logprobs, "versions": r.versions, "advantage": float(i % 2) * 2 - 1,
+                 "ticket": i // cfg.rollout.group_size} for i, r in enumerate(res) if r.output_ids]
+        free_cuda()  # what a released engine gives back before the step
+        stats = train_step(m, seqs, cfg, engine.pad_id or 0, v)
+        t2 = time.perf_counter()
+        state = {k: t.to(dtype) for k, t in full_state_dict(m.policy).items()}
+        await engine.update_weights(state, v, "abort")
+        t3 = time.perf_counter()
+        rounds.append({"version": v, "served_versions": sorted({x for r in res for x in r.versions}),
+                       "samples": len(seqs), "new_tokens": sum(len(r.output_ids) for r in res),
+                       "generate_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
+                       "push_s": round(t3 - t2, 2), "loss": stats["loss"],
+                       "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+                       if dev.type == "cuda" else None})
+    return rounds
+
+
+def check_loop(c: GPUCheckConfig, dev: torch.device) -> dict:
+    import tempfile
+
+    from areal_ray.rollout.hf_engine import HFEngine
+    from areal_ray.train.fsdp import full_state_dict
+    cfg = run_settings(c, dev)
+    with SoloGroup(dev), tempfile.TemporaryDirectory() as tmp:
+        m, hf, shape = build_trainer(c, cfg, dev)
+        path = engine_dir(c, hf, cfg.model.dtype, Path(tmp))
+        engine = HFEngine(path, max_batch_size=c.loop_prompts * cfg.rollout.group_size,
+                          device=str(dev), dtype=cfg.model.dtype)
+        try:
+            engine.load_state_dict({k: t.to(getattr(torch, cfg.model.dtype))
+                                    for k, t in full_state_dict(m.policy).items()})
+            rounds = asyncio.run(_loop_rounds(c, cfg, m, engine, dev, hf.vocab_size))
+        finally:
+            engine.close()
+    # round v generates with version v-1's weights: each push must have reached the engine
+    ok = all(r["served_versions"] == [r["version"] - 1] and r["samples"] for r in rounds) and \
+        all(bool(torch.isfinite(torch.tensor(r["loss"]))) for r in rounds)
+    last = rounds[-1]
+    return {"status": "PASS" if ok else "FAIL", "params": shape.params,
+            "samples_per_round": last["samples"],
+            "gen_tokens_per_s": round(last["new_tokens"] / last["generate_s"]),
+            "rounds": rounds}
+
+
+CHECKS = {"loop": check_loop, "train_step": check_train_step, "weight_push": check_weight_push, "engine": check_engine,
+          "one_gpu": check_one_gpu}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return cuda_device()
+    return torch.device("cpu")
+
+
+def _piece(name: str, c: GPUCheckConfig, q) -> None:
+    """One piece in this (spawned) process; its result, or its error, goes to `q`."""
+    try:
+        res = CHECKS[name](c, pick_device(c.device))
+    except Exception as e:  # noqa: BLE001 - reported as the piece's FAIL
+        res = {"status": "FAIL", "error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()[-3000:]}
+    q.put(res)
+
+
+def run_piece(name: str, c: GPUCheckConfig) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_piece, args=(name, c, q))  # not a daemon: pieces start processes
+    proc.start()
+    try:
+        res = q.get(timeout=c.piece_timeout_s)
+    except queue.Empty:
+        res = {"status": "FAIL", "error": f"no result after {c.piece_timeout_s:g} s "
+               f"(exit code {proc.exitcode}: a crash, or a hang)"}
+    proc.join(30)
+    if proc.exitcode is None:
+        proc.kill()
+    return res
 
 
 def run(c: GPUCheckConfig) -> dict:
-    dev = torch.device("cuda" if c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
-                       else "cpu")
+    dev = pick_device(c.device)
     report = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-              "torch": torch.__version__, "pieces": {}}
+              "torch": torch.__version__, "run_config": c.run_config, "pieces": {}}
     for name in [p.strip() for p in c.pieces.split(",") if p.strip()]:
         t0 = time.perf_counter()
-        try:
-            res = CHECKS[name](c, dev)
-        except Exception as e:  # noqa: BLE001 - a failing piece must not hide the others
-            res = {"status": "FAIL", "error": f"{type(e).__name__}: {e}",
-                   "traceback": traceback.format_exc()[-2000:]}
+        res = run_piece(name, c)
         res["seconds"] = round(time.perf_counter() - t0, 1)
         report["pieces"][name] = res
         print(f"[gpu_check] {name:12s} {res['status']}  "
               + json.dumps({k: v for k, v in res.items() if k not in ("status", "push", "absent_receiver",
                                                                        "traceback")}), flush=True)
+        if "traceback" in res:
+            print(res["traceback"], flush=True)
     Path(c.out).parent.mkdir(parents=True, exist_ok=True)
     Path(c.out).write_text(json.dumps(report, indent=1))
     return report

@@ -53,6 +53,7 @@ class RolloutConfig:
     max_batch_size: int = opt(128, "most sequences in one engine batch")
     num_cpus: float = opt(1.0, "CPUs reserved per rollout replica")
     num_gpus: float = opt(0.0, "GPUs reserved per rollout replica (sglang: 1)")
+    release_memory: bool = opt(False, "free the engine's GPU memory (KV cache; vLLM sleep mode, sglang memory saver) while the trainer steps, restored at the weight push: for a replica that shares its GPU with a trainer worker (one-GPU layout). Generation pauses during steps, so eta buys nothing there")
     engine_kwargs: dict = opt({}, "extra keyword arguments of the engine (vllm: kv_cache_mb, enforce_eager, prefix_caching or any AsyncEngineArgs field; sglang: sglang.Engine server args, e.g. mem_fraction_static)")
     group_size: int = opt(8, "samples per prompt (the GRPO group)")
     max_new_tokens: int = opt(96, "generation budget per sample, kept across interruptions")
@@ -69,4 +70,7 @@ class RolloutConfig:
         require(self.temperature > 0, "rollout.temperature must be > 0 for training rollouts")
         require(1 <= self.min_replicas <= self.max_replicas,
                 "need 1 <= rollout.min_replicas <= rollout.max_replicas")
+        require(self.num_gpus >= 0, "rollout.num_gpus must be >= 0")
+        require(self.num_gpus <= 1 or self.num_gpus == int(self.num_gpus),
+                f"rollout.num_gpus must be a fraction in [0, 1] or a whole number, got {self.num_gpus}")
         require(self.target_ongoing_requests >= 0, "rollout.target_ongoing_requests must be >= 0")

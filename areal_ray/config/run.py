@@ -21,6 +21,8 @@ class RunConfig:
     register_model: str = opt("", "also register it in the MLflow model registry under this name; empty: don't")
     eval_before: bool = opt(True, "greedy eval on the held-out split before training")
     eval_after: bool = opt(True, "greedy eval on the held-out split after training")
+    check_placement: bool = opt(True, "before deploying, refuse a run whose replicas, trainer workers and reward actors cannot fit the cluster's nodes (and, with train.gpu_memory_gib, a GPU shared by an engine and a trainer that lacks memory for both); off for an autoscaling cluster that adds nodes on demand (the placement deadline still holds)")
+    placement_timeout_s: float = opt(600.0, "deadline for the rollout replicas and the trainer workers to be placed on the cluster; past it the job fails naming what could not be placed (an autoscaling cluster may need longer to add nodes)")
     push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
     resume: bool = opt(False, "continue the run in run.run_dir from its last checkpoint")
     deterministic: bool = opt(False, "reproducible generation: per-request sampling seeds from train.seed, prompts admitted in stream order, the hf engine's batch-invariant layout; bit-identical runs at algo.eta=0 (docs/reproducibility.md)")
@@ -29,5 +31,6 @@ class RunConfig:
 
     def check(self) -> None:
         require(not (self.replay and self.resume), "run.replay and run.resume cannot be combined: a replay starts from the model")
+        require(self.placement_timeout_s > 0, "run.placement_timeout_s must be > 0")
         require(not self.resume or bool(self.run_dir), "run.resume needs run.run_dir (the run to continue)")
         require(self.log_model or not self.register_model, "run.register_model needs run.log_model=true")

@@ -18,7 +18,8 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "save a resume checkpoint every N steps (HF model + optimizer + data position); 0: never")
     checkpoint_hf_model: bool = opt(True, "also write the policy in HF format into each checkpoint (model/); resuming reads the sharded state/ either way")
     max_failures: int = opt(0, "Ray Train restarts of the trainer after a worker failure (from the last checkpoint)")
-    use_gpu: bool = opt(False, "one GPU per trainer worker (Ray Train use_gpu; NCCL process group)")
+    use_gpu: bool = opt(False, "trainer workers on GPUs (Ray Train use_gpu; NCCL process group)")
+    num_gpus_per_worker: float = opt(1.0, "GPUs reserved per trainer worker with use_gpu: 1, or a fraction (e.g. 0.5) when a rollout replica shares the GPU (conf/gsm8k_qwen_1gpu.yaml; the memory plan, not Ray, decides whether both fit)")
     activation_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward instead of keeping them (about a third more compute, a fraction of the activation memory; see docs/gpu.md)")
     gpu_memory_gib: float = opt(0.0, "memory of each trainer GPU: when set, the job checks algo.microbatch.max_tokens against the memory model before it starts (and picks it when 0)")
     logits_chunk_mb: int = opt(256, "fp32 logits computed at a time for the trainer's logprobs (chunks are recomputed in the backward): bounds that memory for large vocabularies")
@@ -31,3 +32,6 @@ class TrainConfig:
         require(self.max_failures >= 0, "train.max_failures must be >= 0")
         require(self.logits_chunk_mb >= 1, "train.logits_chunk_mb must be >= 1")
         require(self.gpu_memory_gib >= 0, "train.gpu_memory_gib must be >= 0")
+        g = self.num_gpus_per_worker
+        require(0 < g <= 1 or g == int(g),
+                f"train.num_gpus_per_worker must be a fraction in (0, 1] or a whole number, got {g}")

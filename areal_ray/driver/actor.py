@@ -42,6 +42,7 @@ from areal_ray.driver.admission import WAIT, Admission
 from areal_ray.driver.events import EventLog
 from areal_ray.driver.fleet import Fleet
 from areal_ray.driver.publication import Publication
+from areal_ray.driver.release import MemoryRelease
 from areal_ray.metrics import DriverMetrics
 from areal_ray.weight_payloads import CollectivePayload
 
@@ -67,6 +68,7 @@ class Driver:
                                    ordered=ordered)
         self.publication = Publication()
         self.fleet = Fleet()
+        self.release = MemoryRelease()
         self.events = EventLog()
         self.metrics = DriverMetrics(run_name)
         self.push_timeout_s = push_timeout_s
@@ -178,6 +180,7 @@ class Driver:
         `push_timeout_s` for a replica that is gone."""
         async with self.cond:
             latest = self.publication.register(replica_id, node_id)
+            self.release.join(replica_id)
             if handle is not None:
                 self.fleet.watch_replica(replica_id, handle)
             self._start_monitor()
@@ -187,6 +190,7 @@ class Driver:
         async with self.cond:
             self.publication.unregister(replica_id)
             self.fleet.forget_replica(replica_id)
+            self.release.forget(replica_id)
             self.cond.notify_all()
 
     async def wait_for_weights(self, replica_id: str, have: int, timeout_s: float = 30.0):
@@ -272,6 +276,37 @@ class Driver:
         async with self.cond:
             if self.publication.release_slot(replica_id):
                 self.cond.notify_all()
+
+    # ------------------------------------------------------------ memory release
+    async def release_replicas(self, timeout_s: float) -> dict:
+        """Trainer: every replica frees its engine's GPU memory before the step
+        (release.py); the replicas that did not within `timeout_s` are listed."""
+        t0 = time.perf_counter()
+        async with self.cond:
+            self.release.open_round()
+            self.cond.notify_all()
+            try:
+                await asyncio.wait_for(self.cond.wait_for(
+                    lambda: not self.release.pending(self.publication.loaded)), timeout_s)
+            except TimeoutError:
+                pass
+            return {"release_s": time.perf_counter() - t0,
+                    "release_pending": self.release.pending(self.publication.loaded)}
+
+    async def wait_for_release(self, replica_id: str, seen: int, timeout_s: float = 30.0):
+        """Replica long poll: the epoch of a release round newer than `seen`, or None."""
+        async with self.cond:
+            try:
+                await asyncio.wait_for(self.cond.wait_for(lambda: self.release.newer_than(seen)),
+                                       timeout_s)
+            except TimeoutError:
+                return None
+            return self.release.epoch
+
+    async def ack_release(self, replica_id: str, epoch: int) -> None:
+        async with self.cond:
+            self.release.ack(replica_id, epoch)
+            self.cond.notify_all()
 
     def replicas(self) -> dict[str, int]:
         return dict(self.publication.loaded)

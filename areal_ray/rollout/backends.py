@@ -10,10 +10,20 @@ from areal_ray.config.choices import RolloutBackend
 from areal_ray.rollout.engine import InferenceEngine
 
 
+# The engine argument that makes its GPU memory releasable.
+RELEASE_ARGS = {"vllm": "enable_sleep_mode", "sglang": "enable_memory_saver"}
+
+
 def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
                  dtype: str = "float32", batching: str = "continuous", device: str = "",
-                 threads: int = 1, engine_kwargs: dict | None = None) -> InferenceEngine:
+                 threads: int = 1, engine_kwargs: dict | None = None,
+                 release_memory: bool = False) -> InferenceEngine:
+    """`release_memory`: the engine will be asked to free its GPU memory during trainer
+    steps (`release_memory()` / `resume_memory()`); vLLM and sglang must be built for it
+    (vLLM's sleep mode, sglang's memory saver)."""
     kwargs = dict(engine_kwargs or {})
+    if release_memory and backend in RELEASE_ARGS:
+        kwargs.setdefault(RELEASE_ARGS[backend], True)
     if backend == "hf":
         import torch
 

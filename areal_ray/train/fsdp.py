@@ -46,13 +46,18 @@ def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable:
     build = build or AutoModelForCausalLM.from_pretrained
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     device = torch.device(device)
-    model = build(path, dtype=getattr(torch, master_dtype or dtype), **kwargs).to(device)
+    model = build(path, dtype=getattr(torch, master_dtype or dtype), **kwargs)
+    sharded = dist.is_available() and dist.is_initialized()
+    if not (sharded and device.type == "cuda"):
+        model = model.to(device)
+    # else fully_shard moves each unit's parameters to the mesh's GPU as it shards them:
+    # one unit is whole on the GPU at a time, never the whole fp32 model (GPU_AUDIT O2).
     if not trainable:
         model.requires_grad_(False)
         model.eval()
     elif activation_checkpointing:
         enable_activation_checkpointing(model)
-    if dist.is_available() and dist.is_initialized():
+    if sharded:
         # An explicit mesh of the model's device type: FSDP's default follows whatever
         # accelerator is visible, which would not match a CPU trainer on a GPU node.
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))

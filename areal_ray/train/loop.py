@@ -93,6 +93,27 @@ def informative(g: Group) -> bool:
         informative_groups(torch.tensor([[s.reward or 0.0 for s in g.samples]]))[0])
 
 
+def release_replicas(driver, cfg: Config) -> dict:
+    """With `rollout.release_memory`: the replicas free their engines' GPU memory before
+    this step (the driver's release round); {} otherwise."""
+    if not cfg.rollout.release_memory:
+        return {}
+    got = ray.get(driver.release_replicas.remote(cfg.run.push_timeout_s))
+    if got["release_pending"]:
+        print(f"[areal-ray] replicas {got['release_pending']} did not free their GPU memory "
+              f"within {cfg.run.push_timeout_s:g} s; stepping anyway", flush=True)
+    return {"release_s": got["release_s"], "release_pending": len(got["release_pending"])}
+
+
+def give_back_memory() -> None:
+    """Return the step's cached blocks to the device: PyTorch's caching allocator keeps
+    them, and a rollout engine on the same GPU cannot use them otherwise."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def worker_device(use_gpu: bool) -> torch.device:
     """This worker's GPU (Ray Train gives each worker one and makes it the current
     device), or the CPU."""
@@ -169,12 +190,16 @@ def train_loop_per_worker(config: dict) -> None:
         seqs = flatten_groups(groups, cfg.algo, cfg.rollout.max_new_tokens, trained_version=step)
         if not seqs:
             raise RuntimeError(f"step {step}: every sample is empty")
+        release = release_replicas(driver, cfg) if rank == 0 else {}
         stats = train_step(m, seqs, cfg, pad_id, version=step)
+        if cfg.rollout.release_memory:
+            give_back_memory()  # the engine's resume at the push needs what the step cached
         weights, push = pusher.push(m.policy, step + 1)
         stop = False
         if rank == 0:
             now = time.perf_counter()
-            stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push)
+            stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push,
+                         **release)
             stop = ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats)))
             t_prev = now
         if dist.is_initialized():  # every rank stops at the same step

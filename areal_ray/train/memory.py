@@ -8,7 +8,8 @@ layer saves, term by term (see `layer_bytes_per_token`); tests check them exactl
 against saved-tensor hooks on the real Qwen2.5-1.5B architecture on CPU (sdpa), and
 `jobs/gpu_check.py` compares the whole model with `torch.cuda.max_memory_allocated` on
 a GPU. What it leaves out (allocator fragmentation, NCCL buffers, transient gradients
-beyond one layer) is what `margin` is for.
+beyond one layer) is what `margin` is for. The parts are summed although the optimizer
+step's temporaries and the activations are never alive together: an upper bound.
 
 `plan()` gives, for a run config and a model config, the bytes by part, whether
 `algo.microbatch.max_tokens` fits `train.gpu_memory_gib`, and the largest budget that does.
@@ -116,11 +117,19 @@ class TrainerMemory:
     activations: int  # saved for the backward, all tokens of one micro-batch
     backward_work: int  # one layer's activations being recomputed or its gradients in flight
     logits: int
+    optimizer_step: int  # AdamW's foreach temporaries (one master-dtype shard), grads still alive
     overhead: int
 
     @property
     def total(self) -> int:
         return sum(asdict(self).values())
+
+    @property
+    def resident(self) -> int:
+        """What stays allocated between steps (the process keeps its state, gradients
+        until the next step's zero_grad, and its context): what a rollout engine sharing
+        the GPU must leave room for while it generates."""
+        return self.weights + self.grads + self.optimizer + self.reference + self.overhead
 
     def table(self) -> dict[str, float]:
         return {**{k: round(v / GIB, 2) for k, v in asdict(self).items()},
@@ -138,7 +147,8 @@ def trainer_memory(s: DecoderShape, tokens: int, world: int, compute_bytes: int 
         optimizer=int(2 * shard * master_bytes), gathered=int(gathered), reference=int(ref),
         activations=tokens * activation_bytes_per_token(s, compute_bytes, checkpointing),
         backward_work=tokens * layer_bytes_per_token(s, compute_bytes),
-        logits=logits_bytes(s, tokens, chunk_bytes), overhead=OVERHEAD_BYTES)
+        logits=logits_bytes(s, tokens, chunk_bytes), optimizer_step=int(shard * master_bytes),
+        overhead=OVERHEAD_BYTES)
 
 
 def max_tokens(budget_bytes: int, **kwargs) -> int:

@@ -10,15 +10,17 @@ from jobs import gpu_check
 def test_gpu_check_cpu_pieces_pass(random_model_dir, embedded_model, tmp_path):
     out = tmp_path / "gpu_check.json"
     rc = gpu_check.main(["device=cpu", f"model_config={random_model_dir}", "tokens=256",
-                         "push_mb=8", "engine=hf", f"engine_model={embedded_model}", f"out={out}"])
+                         "push_mb=8", "engine=hf", "loop_steps=2", "loop_prompts=2", "loop_new_tokens=8", f"engine_model={embedded_model}", f"out={out}"])
     report = json.loads(out.read_text())
     assert rc == 0, report
     pieces = report["pieces"]
     assert {k: v["status"] for k, v in pieces.items()} == {
-        "train_step": "PASS", "weight_push": "PASS", "engine": "PASS"}
+        "train_step": "PASS", "weight_push": "PASS", "engine": "PASS", "one_gpu": "SKIP",
+        "loop": "PASS"}
     assert pieces["train_step"]["saved_bytes_per_token"] == pieces["train_step"]["model_bytes_per_token"]
     assert pieces["weight_push"]["push"]["1"]["equal"] is True
     assert "not ready" in pieces["weight_push"]["absent_receiver"]["0"]["message"]
+    assert [r["served_versions"] for r in pieces["loop"]["rounds"]] == [[0], [1]]
     assert pieces["engine"]["aborted"] == "abort" and pieces["engine"]["logprob_max_abs_diff"] <= 1e-3
 
 

@@ -84,10 +84,10 @@ def test_the_job_refuses_a_budget_that_does_not_fit_and_picks_one_when_asked():
     from areal_ray.config import ConfigError
     from areal_ray.run import check_memory
     base = ["train.activation_checkpointing=false", "train.gpu_memory_gib=40"]
-    with pytest.raises(ConfigError, match="does not fit train.gpu_memory_gib=40.*largest that fits is 7585"):
+    with pytest.raises(ConfigError, match="does not fit train.gpu_memory_gib=40.*largest that fits is 6561"):
         check_memory(load_config("conf/gsm8k_qwen_sglang.yaml", base), QWEN_1_5B)
     cfg = load_config("conf/gsm8k_qwen_sglang.yaml", base + ["algo.microbatch.max_tokens=0"])
     check_memory(cfg, QWEN_1_5B)
-    assert cfg.algo.microbatch.max_tokens == 7585
+    assert cfg.algo.microbatch.max_tokens == 6561
     with pytest.raises(ConfigError, match="needs train.gpu_memory_gib"):
         load_config("conf/quickstart.yaml", ["algo.microbatch.max_tokens=0"])

@@ -1,0 +1,42 @@
+"""Memory release rounds: before a trainer step on a GPU it shares with rollout
+replicas (`rollout.release_memory`), every replica frees its engine's GPU memory and
+says so; the next weight push brings the memory back.
+
+A round is an epoch number. The trainer opens one and waits until every registered
+replica has acknowledged it (or the timeout, after which it steps anyway and the
+record says which replicas did not answer: a dead replica is dropped by the monitor,
+and a slow one must not stall training for good). Replicas long-poll for a newer epoch,
+as they do for weight publications. A replica that registers mid-round has nothing to
+release yet and counts as done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class MemoryRelease:
+    def __init__(self):
+        self.epoch = 0
+        self.acked: dict[str, int] = {}  # replica id -> the last epoch it released for
+
+    def open_round(self) -> int:
+        self.epoch += 1
+        return self.epoch
+
+    def ack(self, replica_id: str, epoch: int) -> None:
+        self.acked[replica_id] = max(epoch, self.acked.get(replica_id, 0))
+
+    def join(self, replica_id: str) -> None:
+        """A new replica: nothing of it was allocated for the round under way."""
+        self.acked[replica_id] = self.epoch
+
+    def forget(self, replica_id: str) -> None:
+        self.acked.pop(replica_id, None)
+
+    def pending(self, replicas: Iterable[str]) -> list[str]:
+        """The replicas that have not released for the current round."""
+        return sorted(r for r in replicas if self.acked.get(r, 0) < self.epoch)
+
+    def newer_than(self, seen: int) -> bool:
+        return self.epoch > seen
