@@ -10,14 +10,21 @@ weights arrive; only the engine's swap holds generation.
 receiver. A replica keeps one receiver per path for its lifetime because two of them
 hold state between pushes: the shm receiver its file mappings (their page tables are
 filled once), the collective one its group of the current epoch.
+
+The collective receiver can also hand the broadcast over bucket by bucket (`stream`),
+for an engine that loads each bucket as it arrives (`SGLangEngine.
+update_weights_from_buckets`): the replica then never holds the whole model on its GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from areal_ray.tensor_spec import plan_buckets
 from areal_ray.weight_group import WeightGroup
 from areal_ray.weight_payloads import (
     CollectivePayload,
@@ -29,6 +36,7 @@ from areal_ray.weight_payloads import (
 from areal_ray.weights import read_shared, state_from
 
 StateDict = dict[str, torch.Tensor]
+Bucket = list[tuple[str, torch.Tensor]]
 
 
 class ObjectStoreReceiver:
@@ -66,6 +74,7 @@ class CollectiveReceiver:
         self._group: WeightGroup | None = None
         self._store_key: tuple[str, int] | None = None
         self._store = None
+        self._pool: ThreadPoolExecutor | None = None  # stream()'s thread, made on first use
 
     async def receive(self, payload: CollectivePayload) -> StateDict:
         return await asyncio.to_thread(self._receive, payload)
@@ -77,6 +86,46 @@ class CollectiveReceiver:
         except Exception:
             self._group = None
             raise
+
+    async def stream(self, payload: CollectivePayload) -> AsyncIterator[Bucket]:
+        """The broadcast one bucket at a time: (name, tensor) views into the bucket, valid
+        until the caller drops them; the next bucket is on the wire meanwhile. Every step
+        runs on this receiver's one thread, so the group's calls never change threads
+        mid-transfer. A failed or abandoned transfer drops the group, as `receive` does."""
+        loop = asyncio.get_running_loop()
+        pool = self._thread()
+        buckets = self._buckets(payload)
+        try:
+            while True:
+                bucket = await loop.run_in_executor(pool, next, buckets, None)
+                if bucket is None:
+                    return
+                yield bucket
+                del bucket  # the consumer's copy is the only one left: it frees the bucket
+        finally:
+            await loop.run_in_executor(pool, buckets.close)
+
+    def _buckets(self, payload: CollectivePayload) -> Iterator[Bucket]:
+        """`group.recv`'s tensors grouped by the buckets they arrive in (the same plan)."""
+        done = False
+        try:
+            group = self._group_for(payload)
+            sizes = iter([len(b) for b in plan_buckets(list(payload.specs), payload.bucket_bytes)])
+            bucket, want = [], next(sizes, 0)
+            for name, t in group.recv(payload.specs, payload.bucket_bytes):
+                bucket.append((name, t))
+                if len(bucket) == want:
+                    yield bucket
+                    bucket, want = [], next(sizes, 0)
+            done = True
+        finally:
+            if not done:  # a broken or abandoned broadcast leaves the group unusable
+                self._group = None
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="weight-stream")
+        return self._pool
 
     def _group_for(self, payload: CollectivePayload) -> WeightGroup:
         if self._group is not None and self._group.epoch == payload.epoch:
@@ -122,3 +171,11 @@ class WeightReceiver:
     async def receive(self, payload: WeightPayload) -> StateDict:
         """The publication's state dict. Raises if a collective transfer fails."""
         return await self.receiver_for(payload).receive(payload)
+
+    def streams(self, payload: WeightPayload) -> bool:
+        """Whether `payload`'s path hands its tensors over bucket by bucket (`stream`)."""
+        return hasattr(self.receiver_for(payload), "stream")
+
+    def stream(self, payload: WeightPayload) -> AsyncIterator[Bucket]:
+        """The publication's (name, tensor) buckets as they arrive (see `streams`)."""
+        return self.receiver_for(payload).stream(payload)

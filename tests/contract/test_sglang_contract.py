@@ -5,7 +5,8 @@ Run by `make test-contract` (also part of `make test`), which installs the wheel
 is checked is what the GPU audit (docs/gpu.md) found wrong or unchecked: the request classes and fields
 we build, the signatures we call, the sampling params sglang validates, the finish
 reasons we parse, the weight-update session rules (with sglang's own scheduler-side
-SchedulerWeightUpdaterManager deciding), and the serializer with every weight path's
+SchedulerWeightUpdaterManager deciding), the cache flush that waits for an idle
+scheduler, the memory release/resume calls, and the serializer with every weight path's
 tensors, deserialized in another process as sglang's scheduler does. What cannot run
 here: the Engine itself (its scheduler needs CUDA kernels), CUDA IPC, NCCL.
 """
@@ -27,6 +28,8 @@ sglang = pytest.importorskip("sglang", reason="run through `make test-contract`"
 from sglang.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang.srt.managers import io_struct  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN  # noqa: E402
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.managers.scheduler_components.flush_wrapper import SchedulerFlushWrapper  # noqa: E402
 from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager  # noqa: E402
 from sglang.srt.managers.tokenizer_manager import TokenizerManager  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -52,11 +55,52 @@ def test_engine_kwargs_are_server_args_fields():
 
 
 @pytest.mark.parametrize("method", ["update_weights_from_tensor", "update_weights_from_disk",
-                                    "begin_weight_update", "end_weight_update"])
+                                    "begin_weight_update", "end_weight_update",
+                                    "release_memory_occupation", "resume_memory_occupation"])
 def test_control_calls_are_coroutines_taking_obj_and_request(method):
     fn = getattr(TokenizerManager, method)
     assert inspect.iscoroutinefunction(fn)
     assert list(inspect.signature(fn).parameters)[:3] == ["self", "obj", "request"]
+
+
+def test_flush_cache_is_a_coroutine_answering_success_or_failure():
+    fn = TokenizerManager.flush_cache
+    assert inspect.iscoroutinefunction(fn)
+    params = inspect.signature(fn).parameters
+    assert list(params) == ["self", "timeout_s"] and params["timeout_s"].default is None
+    assert inspect.signature(fn).return_annotation in ("FlushCacheReqOutput", io_struct.FlushCacheReqOutput)
+    fields = {f.name: f for f in record_fields(io_struct.FlushCacheReqOutput)}
+    assert set(fields) >= {"success", "message"}
+
+
+def test_a_flush_while_the_scheduler_is_busy_answers_failure_instead_of_raising():
+    """What `_flush_cache` relies on: the scheduler's flush handler, asked without a
+    timeout, answers at once with success=False while it is not fully idle."""
+    busy = [True]
+    flushed = []
+    wrapper = SchedulerFlushWrapper(
+        flush_cache=lambda: flushed.append(1) or not busy[0],
+        is_fully_idle=lambda: not busy[0], send_output=lambda out, req: None)
+    out = wrapper.handle(io_struct.FlushCacheReqInput())
+    assert isinstance(out, io_struct.FlushCacheReqOutput) and not out.success
+    busy[0] = False
+    assert wrapper.handle(io_struct.FlushCacheReqInput()).success
+    # the scheduler's flush itself decides by is_fully_idle, whose conditions include
+    # the last batch and the overlap result queue (an aborted request lingers there)
+    src = inspect.getsource(Scheduler.flush_cache)
+    assert "self.is_fully_idle(" in src
+    idle_src = inspect.getsource(Scheduler.is_fully_idle)
+    assert "self.last_batch" in idle_src and "self.result_queue" in idle_src
+
+
+def test_memory_release_classes_and_server_args():
+    for cls in (io_struct.ReleaseMemoryOccupationReqInput, io_struct.ResumeMemoryOccupationReqInput):
+        fields = {f.name: f for f in record_fields(cls)}
+        assert fields["tags"].default is None  # None: every kind of memory (weights, KV, graphs)
+        assert cls(tags=None).tags is None
+    args = {f.name: f for f in record_fields(ServerArgs)}
+    assert args["enable_memory_saver"].default is False
+    assert args["enable_weights_cpu_backup"].default is False
 
 
 def test_abort_request_signature():
@@ -98,10 +142,11 @@ def test_real_finish_reasons_parse():
 def test_request_objects_are_the_real_classes():
     obj = se.tensor_update_request({"w": torch.ones(2)}, 7, tp_size=2, dtype=torch.bfloat16)
     assert isinstance(obj, io_struct.UpdateWeightsFromTensorReqInput)
-    assert obj.weight_version == "7" and obj.flush_cache and len(obj.serialized_named_tensors) == 2
+    assert obj.weight_version == "7" and not obj.flush_cache and len(obj.serialized_named_tensors) == 2
     assert normalize_serialized_named_tensor_payloads(obj.serialized_named_tensors) == obj.serialized_named_tensors
     disk = se.disk_update_request("/ckpt/v7", 7)
     assert isinstance(disk, io_struct.UpdateWeightFromDiskReqInput) and disk.model_path == "/ckpt/v7"
+    assert not disk.flush_cache  # the engine flushes once the scheduler is idle
 
 
 # ----------------------------------------------------------------- weight-update sessions
@@ -129,14 +174,22 @@ def manager():
                             timeout=datetime.timedelta(seconds=30))
     runner = Runner()
     versions = []
+    sched = SimpleNamespace(busy=0, _engine_paused=False,
+                            record_weight_version_change=lambda new_version: versions.append(new_version))
+
+    def flush_cache(empty_cache=True):  # Scheduler.flush_cache: only when fully idle
+        if sched.busy:
+            sched.busy -= 1  # one scheduler iteration later the last batch is gone
+            return False
+        return True
+
     m = object.__new__(SchedulerWeightUpdaterManager)  # __post_init__ needs sglang's TP state
     tp_worker = SimpleNamespace(
         weight_update_runners=lambda: [("target", SimpleNamespace(weight_updater=runner))],
         # TpModelWorker.deserialize_own_rank, for TP rank 0
         deserialize_own_rank=lambda payloads: MultiprocessingSerializer.deserialize(payloads[0]))
     for k, v in dict(tp_worker=tp_worker, draft_worker=None, memory_saver_adapter=None,
-                     flush_cache=lambda empty_cache=False: True, is_fully_idle=lambda **kw: True,
-                     scheduler=SimpleNamespace(record_weight_version_change=lambda new_version: versions.append(new_version)),
+                     flush_cache=flush_cache, is_fully_idle=lambda **kw: not sched.busy, scheduler=sched,
                      metrics_collector=None, offload_tags=set(), stashed_model_static_state=None,
                      _session=None, tp_cpu_group=None).items():
         setattr(m, k, v)
@@ -152,6 +205,12 @@ class ManagerBackedTokenizerManager:
 
     def __init__(self, manager):
         self.m = manager
+        self.flush = SchedulerFlushWrapper(flush_cache=manager.flush_cache,
+                                           is_fully_idle=manager.is_fully_idle,
+                                           send_output=lambda out, req: None)
+
+    async def flush_cache(self, timeout_s=None):
+        return self.flush.handle(io_struct.FlushCacheReqInput(timeout_s=timeout_s))
 
     async def begin_weight_update(self, obj, request):
         out = self.m.begin_weight_update(obj)
@@ -170,6 +229,14 @@ class ManagerBackedTokenizerManager:
         pass
 
 
+def _engine_on(manager, monkeypatch, **server_args):
+    tm = ManagerBackedTokenizerManager(manager)
+    args = SimpleNamespace(tp_size=1, **server_args)
+    monkeypatch.setattr(se, "sgl", SimpleNamespace(Engine=lambda **kw: SimpleNamespace(
+        tokenizer_manager=tm, server_args=args)))
+    return se.SGLangEngine("some/model", version=0, dtype="bfloat16")
+
+
 def test_the_real_manager_refuses_an_update_outside_a_session(manager):
     m, runner, _ = manager
     obj = se.tensor_update_request({"w": torch.ones(2)}, 1, tp_size=1)
@@ -179,17 +246,45 @@ def test_the_real_manager_refuses_an_update_outside_a_session(manager):
 
 def test_our_engine_updates_inside_a_session_the_real_manager_accepts(manager, monkeypatch):
     m, runner, versions = manager
-    tm = ManagerBackedTokenizerManager(m)
-    monkeypatch.setattr(se, "sgl", SimpleNamespace(Engine=lambda **kw: SimpleNamespace(
-        tokenizer_manager=tm, server_args=SimpleNamespace(tp_size=1))))
-    engine = se.SGLangEngine("some/model", version=0, dtype="bfloat16")
+    engine = _engine_on(m, monkeypatch)
     state = {"a": torch.arange(4, dtype=torch.float32), "b": torch.ones(2, 3)}
     for v in (1, 2):  # a second push opens a new session: the first one was closed
+        m.scheduler.busy = 1  # an aborted request still in the scheduler's last batch
         info = asyncio.run(engine.update_weights(state, v))
-        assert info["version"] == v
+        assert info["version"] == v and m.scheduler.busy == 0
     assert runner.calls == ["begin", ("end", False), "begin", ("end", False)]
     assert versions == ["1", "2"] and m._session is None
     assert all(torch.equal(loaded[k], t.to(torch.bfloat16)) for loaded in runner.loaded for k, t in state.items())
+
+
+def test_the_real_manager_fails_an_update_that_flushes_while_busy(manager):
+    """Why our updates go with flush_cache=False: with an aborted request still in the
+    scheduler's batches, sglang's own flush fails the update (00a2ca2e asserted)."""
+    m, runner, _ = manager
+    m.begin_weight_update(io_struct.BeginWeightUpdateReqInput())
+    m.scheduler.busy = 1
+    obj = se.tensor_update_request({"w": torch.ones(2)}, 1, tp_size=1)
+    obj.flush_cache = True
+    obj.serialized_named_tensors = normalize_serialized_named_tensor_payloads(obj.serialized_named_tensors)
+    out = m.update_weights_from_tensor(obj)
+    assert not out.success and "cache was not flushed" in out.message
+    m.end_weight_update(io_struct.EndWeightUpdateReqInput())
+
+
+def test_the_real_manager_releases_memory_only_when_idle(manager):
+    m, _, _ = manager
+    m.scheduler.busy = 1
+    with pytest.raises(AssertionError, match="only when server is idle"):
+        m.release_memory_occupation(io_struct.ReleaseMemoryOccupationReqInput())
+
+
+def test_our_engine_ends_a_session_left_open_before_the_next_begin(manager, monkeypatch):
+    m, runner, _ = manager
+    engine = _engine_on(m, monkeypatch)
+    m.begin_weight_update(io_struct.BeginWeightUpdateReqInput())  # a cancelled push's begin
+    engine._session_open = True
+    asyncio.run(engine.update_weights({"w": torch.ones(2)}, 1))
+    assert m._session is None and runner.calls[-1] == ("end", False) and len(runner.loaded) == 1
 
 
 # ----------------------------------------------------------------- serializer, every weight path
