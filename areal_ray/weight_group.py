@@ -21,9 +21,23 @@ that is dead or never joined is found before anyone enters NCCL; (2) our group i
 built with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (clean up, don't kill; the variable is
 read by each group's constructor); (3) every wait has the group's timeout and a
 failure aborts the group (`ProcessGroupNCCL.abort`) and raises; (4) `NCCL_ENV` goes
-to the trainer workers and the replicas alike, before either creates a communicator.
-What stays unguarded: a member dying between the handshake and the end of NCCL's
-communicator set-up, which NCCL itself does not time out.
+to the trainer workers and the replicas alike, before either creates a communicator;
+(5) the communicator is nonblocking and created right after the handshake.
+
+Why (5): a blocking `ncclCommInitRank` waits for every member with no timeout, so a
+member dying between the handshake and the end of the set-up would leave everyone else
+blocked for good, and the watchdog only times out enqueued work. torch 2.13 makes a
+group's communicator nonblocking when its options say `config.blocking = 0` (this
+takes precedence over TORCH_NCCL_USE_COMM_NONBLOCKING and touches no other group).
+Then creating it returns at once, and every later wait for it (the first broadcast,
+an abort) polls NCCL and raises a DistBackendError after TORCH_NCCL_NONBLOCKING_TIMEOUT
+seconds. torch reads that variable once per process, at the first NCCL call that
+could wait (a trainer's first FSDP collective already counts), so it travels in
+`NCCL_ENV`, and it bounds communicator set-up, not `weights.timeout_s`. The group
+connects eagerly (`eager_connect_single_device`) as soon as the handshake has found
+every member ready, so the set-up overlaps the sender's first gather. Only a GPU run
+can confirm this path: the CPU tests drive it through a stand-in for
+`ProcessGroupNCCL` (torch's CPU build has none).
 """
 
 from __future__ import annotations
@@ -45,7 +59,11 @@ from areal_ray.tensor_spec import TensorSpec, plan_buckets
 # agree, so the trainer gets it too. TORCH_NCCL_DUMP_ON_TIMEOUT=0: a timed-out weight
 # push would otherwise set a process-wide flag on which the monitor of Ray Train's own
 # NCCL group kills the trainer minutes later.
-NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+# TORCH_NCCL_NONBLOCKING_TIMEOUT: the most seconds a nonblocking communicator of ours
+# may take to be created (or aborted) before torch raises (see the module docstring).
+COMM_TIMEOUT_S = 60
+NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+            "TORCH_NCCL_NONBLOCKING_TIMEOUT": str(COMM_TIMEOUT_S)}
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -76,6 +94,16 @@ class _env:
                 os.environ[k] = v
 
 
+def nccl_options(timeout: datetime.timedelta):
+    """Options of our NCCL groups: `timeout` for every collective, and a nonblocking
+    communicator, whose creation raises after TORCH_NCCL_NONBLOCKING_TIMEOUT instead of
+    waiting for a dead member forever."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    opts.config.blocking = 0
+    return opts
+
+
 class WeightGroup:
     """One epoch's process group. Rank 0 (trainer rank 0) also serves the store."""
 
@@ -88,11 +116,13 @@ class WeightGroup:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.transfers = 0  # pushes through this group, counted alike on every member
         self.store = dist.PrefixStore(f"weights-epoch-{epoch}", store)
+        self.connected = backend != "nccl"  # gloo connects in its constructor
         if backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = self.timeout
+            # A process started without NCCL_ENV (a script, a test) still gets the bound,
+            # unless an NCCL call of its own has read the variable already.
+            os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(COMM_TIMEOUT_S))
             with _env(TORCH_NCCL_ASYNC_ERROR_HANDLING="2"):  # read by this constructor
-                self.pg = dist.ProcessGroupNCCL(self.store, rank, world, opts)
+                self.pg = dist.ProcessGroupNCCL(self.store, rank, world, nccl_options(self.timeout))
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world, self.timeout)
@@ -118,6 +148,14 @@ class WeightGroup:
             missing = [r for r in range(1, self.world) if not self.store.check([self._ready_key(r)])]
             raise RuntimeError(f"weight group epoch {self.epoch}: ranks {missing} not ready "
                                f"within {self.timeout.total_seconds():.0f} s ({e})") from e
+
+    def _connect(self) -> None:
+        """Create the NCCL communicator now that the handshake found every member ready,
+        not inside the first broadcast. Nonblocking, this returns at once; the first
+        collective waits for the set-up, bounded (see the module docstring)."""
+        if not self.connected:
+            self.pg.eager_connect_single_device(self.device)
+            self.connected = True
 
     def _broadcast(self, buf: torch.Tensor):
         return self.pg.broadcast(buf, 0)
@@ -151,6 +189,7 @@ class WeightGroup:
         t0, nbytes = time.perf_counter(), 0
         try:
             self._handshake()
+            self._connect()
             pending = None
             it = iter(tensors)
             for bucket in plan_buckets(specs, bucket_bytes):
@@ -189,6 +228,7 @@ class WeightGroup:
 
         try:
             self._handshake()
+            self._connect()
             nxt = post(buckets[0]) if buckets else None
             for k, bucket in enumerate(buckets):
                 buf, work = nxt

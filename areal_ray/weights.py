@@ -17,6 +17,13 @@ receives through one receiver per path (`areal_ray/rollout/weight_receivers.py`)
   its load is the only copy on its side. This is the path that comes near memory
   bandwidth on one machine (`jobs/bench_weights.py`); it cannot reach other nodes.
 
+Shared memory is small in containers (Docker gives /dev/shm 64 MB unless run with
+`--shm-size`), and a file there that outgrows it fails with ENOSPC, or with SIGBUS when
+a mapped page is first written. So every weight file written to shared memory (the shm
+path's, and the file a vLLM replica loads from) first asks `staging_dir` where it fits:
+/dev/shm while it has room for the file plus a margin, else the temp dir on disk, which
+it says once per process in a warning naming the sizes and `--shm-size`.
+
 This module holds what both ends share: the manifest, the object-store and
 shared-memory encodings, and the digest that tells whether two ends hold the same
 weights.
@@ -24,6 +31,8 @@ weights.
 
 from __future__ import annotations
 
+import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable
@@ -34,6 +43,12 @@ import torch
 from areal_ray.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 from areal_ray.weight_group import NCCL_ENV, WeightGroup, free_port  # noqa: F401 - re-exported
 from areal_ray.weight_payloads import ObjectStorePayload, ShmPayload
+
+logger = logging.getLogger(__name__)
+
+# Room left free in /dev/shm besides a file: every replica and the trainer of a node
+# write there, each checking the space on its own, so none may take the last bytes.
+SHM_MARGIN = 64 << 20
 
 
 def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:
@@ -49,7 +64,49 @@ def _dtype(name: str) -> torch.dtype:
 def shm_dir() -> Path:
     """Where weight files shared between processes of one node go: memory-backed
     /dev/shm where it exists, else the temp dir."""
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else disk_dir()
+
+
+def disk_dir() -> Path:
+    """The temp dir (TMPDIR): where weight files go when shared memory is too small."""
+    return Path(tempfile.gettempdir())
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes of the filesystem holding `path`."""
+    return shutil.disk_usage(path).free
+
+
+_fell_back: set[Path] = set()  # shared-memory dirs this process already warned about
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def staging_dir(nbytes: int) -> Path:
+    """Where a weight file of `nbytes` goes: `shm_dir()` while it has room for the file
+    plus `SHM_MARGIN`, else `disk_dir()` (slower, but a full tmpfs fails with ENOSPC or
+    kills the writer with SIGBUS). Raises OSError before anything is written when
+    neither has room."""
+    need = nbytes + SHM_MARGIN
+    shm = shm_dir()
+    free = free_bytes(shm)
+    if free >= need:
+        return shm
+    disk = disk_dir()
+    if disk == shm or free_bytes(disk) < need:
+        raise OSError(28, f"no room for a {_gib(nbytes)} weight file: {shm} has {_gib(free)} "
+                          f"free and {disk} has {_gib(free_bytes(disk))}")
+    if shm not in _fell_back:
+        _fell_back.add(shm)
+        logger.warning(
+            "%s has %s free, a weight file needs %s (plus %s margin): weight files go to %s "
+            "on disk instead, which is slower. Give the container more shared memory "
+            "(Docker: `--shm-size=16g`; Kubernetes: a memory-backed emptyDir at /dev/shm), "
+            "or set TMPDIR to choose the disk dir.",
+            shm, _gib(free), _gib(nbytes), _gib(SHM_MARGIN), disk)
+    return disk
 
 
 def memcpy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
@@ -74,12 +131,22 @@ class SharedMemoryWeights:
     """Rank 0's side of the `shm` path: two files in /dev/shm, sized once and rewritten
     in place, alternating. A push completes (every replica acked) before the next one
     starts, so the file being written was last read two pushes ago, by replicas that
-    have all moved on; a replica that registers late reads the other one."""
+    have all moved on; a replica that registers late reads the other one. Each file is
+    placed where it fits when it is created (`staging_dir`); the payload names it."""
 
     def __init__(self, name: str):
-        self.paths = [shm_dir() / f"areal-weights-{name}-{k}.bin" for k in (0, 1)]
+        self.name = name
+        self.paths: list[Path | None] = [None, None]
         self.bufs: list[torch.Tensor | None] = [None, None]
         self.slot = 1
+
+    def _create(self, slot: int, total: int) -> torch.Tensor:
+        """A fresh file of `total` bytes for `slot`, mapped; the old one (another size) goes."""
+        self.bufs[slot] = None
+        if self.paths[slot] is not None:
+            self.paths[slot].unlink(missing_ok=True)
+        path = self.paths[slot] = staging_dir(total) / f"areal-weights-{self.name}-{slot}.bin"
+        return torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
 
     def write(self, tensors: Iterable[torch.Tensor], specs: list[TensorSpec]) -> ShmPayload:
         self.slot = 1 - self.slot
@@ -89,8 +156,7 @@ class SharedMemoryWeights:
             total += sp.nbytes
         buf = self.bufs[self.slot]
         if buf is None or buf.numel() != total:
-            buf = self.bufs[self.slot] = torch.from_file(
-                str(self.paths[self.slot]), shared=True, size=total, dtype=torch.uint8)
+            buf = self.bufs[self.slot] = self._create(self.slot, total)
         for sp, off, t in zip(specs, offsets, tensors):
             buf[off:off + sp.nbytes].view(_dtype(sp.dtype)).copy_(t.reshape(-1))
         return ShmPayload(str(self.paths[self.slot]), total, tuple(specs), tuple(offsets))
@@ -98,7 +164,8 @@ class SharedMemoryWeights:
     def unlink(self) -> None:
         self.bufs = [None, None]
         for p in self.paths:
-            p.unlink(missing_ok=True)
+            if p is not None:
+                p.unlink(missing_ok=True)
 
 
 def read_shared(payload: ShmPayload, maps: dict | None = None) -> dict[str, torch.Tensor]:

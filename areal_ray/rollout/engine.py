@@ -4,8 +4,13 @@ An engine generates for one request at a time from the caller's view (it batches
 internally), returns per-token behaviour logprobs and the policy version of every
 token, can be paused (aborting running requests, which come back with their partial
 output, or waiting for them to finish), takes weight updates, and reports its version
-and load. Backends: `HFEngine` (transformers; the CPU default, also runs on a GPU) and
-`SGLangEngine` (sglang on GPUs).
+and load. Backends: `HFEngine` (transformers; the CPU default, also runs on a GPU),
+`VLLMEngine` (vLLM; its CPU build too) and `SGLangEngine` (sglang on GPUs).
+
+When the trainer and an engine share one GPU, the engine gives its memory back while
+the trainer steps (`release_memory`) and takes it again for the next rollout
+(`resume_memory`). Admission stays closed in between, so no request runs on an engine
+whose memory is gone; a weight update may come in between and keeps it closed.
 """
 
 from __future__ import annotations
@@ -69,6 +74,13 @@ class InferenceEngine(Protocol):
 
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """pause(mode), load `state_dict`, serve `version` from now on, resume."""
+
+    async def release_memory(self) -> None:
+        """pause("abort"), keep admission closed, free the engine's GPU memory (KV cache,
+        and what else the backend can give back) for another user of the GPU."""
+
+    async def resume_memory(self) -> None:
+        """Restore what `release_memory` freed, then reopen admission."""
 
     def get_version(self) -> int: ...
 

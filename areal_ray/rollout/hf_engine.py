@@ -45,6 +45,11 @@ prompt + partial output, whose KV cache is recomputed under the new weights), mo
 "wait" holds new requests back until the running ones finish. Weights change only
 while no request runs, so every token carries the exact version that produced it.
 
+Memory (one GPU shared with the trainer): `release_memory` pauses with abort, which
+drops every cohort's KV cache, keeps new requests waiting, and hands the cached blocks
+back to CUDA (`torch.cuda.empty_cache`), so the trainer can use them; the weights stay
+on the device. `resume_memory` reopens. A weight update in between keeps it closed.
+
 Behaviour logprobs are those of the distribution sampled from: the full softmax of
 logits / temperature, no top-k/top-p (greedy requests use temperature 1), so a
 teacher-forced pass reproduces them.
@@ -136,6 +141,7 @@ class HFEngine:
         self.merge_ratio = merge_ratio
         self.prefill_tokens = prefill_tokens
         self._thread: threading.Thread | None = None
+        self.released = False  # release_memory ran and resume_memory has not
         self._stats = {"requests": 0, "tokens": 0, "steps": 0, "prefills": 0, "prefill_tokens": 0, "aborted_requests": 0,
                        "busy_s": 0.0}
 
@@ -166,12 +172,33 @@ class HFEngine:
         await asyncio.wrap_future(done)
 
     async def resume(self) -> None:
+        """Refused while memory is released: only resume_memory reopens then, so the
+        caller that released it decides when the GPU is the engine's again."""
+        if self.released:
+            raise RuntimeError("the engine's memory is released: resume_memory() reopens it")
+        self._reopen()
+
+    def _reopen(self) -> None:
         with self._cv:
             self._pause_mode = None
             self._cv.notify()
 
+    async def release_memory(self) -> None:
+        """Abort what runs (its KV cache goes with it), keep new requests waiting, and
+        give the freed blocks back to CUDA."""
+        await self.pause("abort")
+        self.released = True
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    async def resume_memory(self) -> None:
+        """Reopen admission: the KV cache is allocated again as requests come."""
+        self.released = False
+        self._reopen()
+
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
-        """Pause (aborting or draining running requests), load, serve `version`, resume."""
+        """Pause (aborting or draining running requests), load, serve `version`, resume
+        (unless memory is released: then resume_memory reopens)."""
         t0 = time.perf_counter()
         await self.pause(mode)
         t_paused = time.perf_counter()
@@ -179,7 +206,8 @@ class HFEngine:
             await asyncio.to_thread(self.load_state_dict, state_dict)
             self.version = version
         finally:
-            await self.resume()
+            if not self.released:
+                self._reopen()
         return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
                 "version": version}
 
@@ -204,6 +232,7 @@ class HFEngine:
             waiting = list(self._waiting)
         active = list(self._active)
         return {"queued": len(waiting), "running": len(active), "paused": self._pause_mode,
+                "memory_released": self.released,
                 "outstanding_tokens": sum(r.remaining() for r in waiting + active),
                 **self._stats}
 

@@ -19,11 +19,22 @@ default mode returns temperature-1 values, which are wrong for the trainer at T 
 top_k/top_p/min_p stay off so that distribution is the full softmax a teacher-forced
 pass recomputes. Greedy (temperature 0) logprobs are those of the raw logits.
 
-Weights: the state dict goes into one safetensors file (in /dev/shm), and the
+Weights: the state dict goes into one safetensors file (in /dev/shm while it has
+room, else the temp dir on disk: `weights.staging_dir`), written off the event loop
+(the device-to-host copy included, so requests keep being served meanwhile), and the
 engine-core worker loads it in place (`vllm_worker.WeightSync`, called through
 `collective_rpc`). Prefix caching stays on, because the samples of a group share
 their prompt, and is reset after every load, so no KV computed under old weights is
 ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
+
+Memory (one GPU shared with the trainer): `release_memory` closes the gate (aborting
+what runs) and puts vLLM to sleep at level 1 (weights to host memory, KV cache
+discarded); `resume_memory` wakes it and reopens the gate. This needs vLLM's sleep
+mode (`rollout.engine_kwargs.enable_sleep_mode: true`), which vLLM 0.32 has only on
+CUDA, ROCm and XPU; asked for elsewhere (the CPU build), the engine refuses at
+construction. A push into a sleeping engine wakes the weights alone, loads, and leaves
+the KV cache asleep until `resume_memory`: vLLM's tags exist for that order, so a
+weight load never needs the KV cache's memory while the trainer may still hold its own.
 
 CPU defaults, tuned for a 2-core machine (see `cpu_env`): OpenMP threads not bound to
 cores (vLLM's auto-binding would pin every replica to the same core), a 256 MB KV
@@ -40,10 +51,11 @@ import logging
 import asyncio
 import os
 import uuid
+from pathlib import Path
 
 from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
-from areal_ray.weights import shm_dir
+from areal_ray.weights import staging_dir
 
 try:
     from vllm import SamplingParams
@@ -55,6 +67,9 @@ except ImportError:  # the module imports without vLLM; the engine cannot be bui
 
 WORKER_EXTENSION = "areal_ray.rollout.vllm_worker.WeightSync"
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+# vLLM's memory pools that sleep (level 1: weights offloaded, KV cache discarded) and
+# wake separately (`AsyncLLM.wake_up(tags=...)`).
+SLEEP_TAGS = ("weights", "kv_cache")
 
 
 # ----------------------------------------------------------------- pure shaping
@@ -148,6 +163,36 @@ def distinct_tensors(state_dict: dict) -> dict:
     return out
 
 
+def stage_file(state_dict: dict) -> Path:
+    """Write `state_dict` to a new safetensors file where it fits (`staging_dir`); its
+    path. Blocking (a device-to-host copy and a model's worth of writes): callers run
+    it in a worker thread. A partly written file is removed."""
+    from safetensors.torch import save_file
+    tensors = distinct_tensors(state_dict)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    path = staging_dir(nbytes) / f"areal-vllm-{uuid.uuid4().hex}.safetensors"
+    try:
+        save_file(tensors, str(path))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def check_sleep_mode(args: dict) -> bool:
+    """Whether the engine is asked for vLLM's sleep mode; raises where vLLM has none
+    (its ModelConfig would refuse later with a message that names no setting of ours)."""
+    if not args.get("enable_sleep_mode"):
+        return False
+    from vllm.platforms import current_platform
+    if not current_platform.is_sleep_mode_available():
+        raise ValueError(
+            "rollout.engine_kwargs.enable_sleep_mode needs a GPU: vLLM has sleep mode only on "
+            f"CUDA, ROCm and XPU, not on the {current_platform.device_type or 'cpu'} platform, "
+            "so release_memory/resume_memory cannot free memory here")
+    return True
+
+
 # ----------------------------------------------------------------- the engine
 class VLLMEngine(GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
@@ -166,11 +211,20 @@ class VLLMEngine(GatedEngine):
         if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
             os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
             logging.getLogger("vllm").setLevel(logging.WARNING)
+        sleep_mode = check_sleep_mode(args)
         if on_cpu:
             for k, v in cpu_env(threads).items():
                 os.environ.setdefault(k, v)
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-        self.prefix_caching = bool(args["enable_prefix_caching"])
+        self._attach(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), version=version,
+                     prefix_caching=bool(args["enable_prefix_caching"]),
+                     sleep_mode=sleep_mode, record_digest=record_digest)
+
+    def _attach(self, engine, *, version: int, prefix_caching: bool, sleep_mode: bool,
+                record_digest: bool) -> None:
+        """Our state around an `AsyncLLM` (or a stand-in with its surface, in tests)."""
+        self.engine = engine
+        self.prefix_caching = prefix_caching
+        self.sleep_mode = sleep_mode
         # Hashing every pushed tensor (and holding them until hashed) costs a model's
         # worth of memory and sha256 inside the paused window: only tests ask for it.
         self.record_digest = record_digest
@@ -179,6 +233,11 @@ class VLLMEngine(GatedEngine):
         # are resubmitted); holding requests past max_num_seqs at our gate instead was
         # measured slower (bench_rollout: 4.6k vs 5.1k tok/s, and slower with pushes).
         self.gate = AdmissionGate(version)
+        self.released = False  # release_memory ran and resume_memory has not
+        self.asleep: set[str] = set()  # vLLM's pools (SLEEP_TAGS) that sleep now
+        # One change of vLLM's memory at a time: a sleep, a wake, or a load (which
+        # decides from `asleep` what to wake first).
+        self._memory = asyncio.Lock()
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
 
     # ----------------------------------------------------------------- generation
@@ -210,32 +269,78 @@ class VLLMEngine(GatedEngine):
     async def _abort(self, rids: list[str]) -> None:
         await self.engine.abort(rids)
 
+    async def resume(self) -> None:
+        """The caller's resume; refused while memory is released: requests admitted into
+        a sleeping vLLM would wait there, unserved, until someone woke it."""
+        if self.released:
+            raise RuntimeError("the vLLM engine's memory is released: resume_memory() "
+                               "restores it and reopens admission")
+        await super().resume()
+
     # ----------------------------------------------------------------- weights
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
-        """Load `state_dict` (names as in the HF checkpoint) into the running engine."""
-        from safetensors.torch import save_file
-        path = shm_dir() / f"areal-vllm-{uuid.uuid4().hex}.safetensors"
-
-        async def load():
-            await self.engine.collective_rpc("areal_load_weights",
-                                             args=(str(path), self.record_digest))
-            # No request of ours runs now: KV cached under the old weights must go.
-            if self.prefix_caching and not await self.engine.reset_prefix_cache():
-                raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
+        """Load `state_dict` (names as in the HF checkpoint) into the engine, running or
+        asleep (`release_memory`)."""
+        # Staged before the pause and off the event loop: generation goes on meanwhile.
+        path = await asyncio.to_thread(stage_file, state_dict)
         try:
-            # Staged before the pause and off the event loop: generation goes on meanwhile.
-            await asyncio.to_thread(save_file, distinct_tensors(state_dict), str(path))
-            return await self._swap(version, mode, load)
+            return await self._swap(version, mode, lambda: self._load_file(path))
         finally:
             path.unlink(missing_ok=True)
+
+    async def _load_file(self, path: Path) -> None:
+        """Load a staged file; no request of ours is inside vLLM now. Asleep, the weights
+        wake first (a load writes into their memory) and the KV cache stays asleep."""
+        async with self._memory:
+            if "weights" in self.asleep:
+                await self._wake(["weights"])
+            await self.engine.collective_rpc("areal_load_weights",
+                                             args=(str(path), self.record_digest))
+            # KV cached under the old weights must go. A sleeping KV cache holds none:
+            # the sleep cleared the prefix cache, and nothing has run since.
+            if self.prefix_caching and not self.asleep and not await self.engine.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
 
     async def weights_digest(self) -> dict:
         """Digests from inside the engine core (see vllm_worker): `digest` of the tensors
         its loader consumed at the last push (None before the first, or without
         `record_digest`), and one digest per parameter that stays readable, in
         checkpoint names."""
+        if "weights" in self.asleep:  # their device memory is unmapped: reading it faults
+            raise RuntimeError("the vLLM engine's weights are asleep (release_memory)")
         got = (await self.engine.collective_rpc("areal_weights_digest"))[0]
         return {"digest": got["loaded"], "readable_digests": got["readable"]}
+
+    # ----------------------------------------------------------------- memory
+    async def release_memory(self) -> None:
+        """Free the engine's GPU memory for the trainer: abort what runs, keep admission
+        closed, put vLLM to sleep at level 1 (weights to host memory, KV cache dropped).
+        Requests that arrive meanwhile wait at the gate. Idempotent."""
+        if not self.sleep_mode:
+            raise RuntimeError("release_memory needs vLLM's sleep mode: set "
+                               "rollout.engine_kwargs.enable_sleep_mode=true (GPU only)")
+        async with self._memory:
+            if self.released:
+                return
+            await self.gate.hold("abort", self._abort)
+            self.released = True
+            await self.engine.sleep(level=1)
+            self.asleep = set(SLEEP_TAGS)
+
+    async def resume_memory(self) -> None:
+        """Wake whatever sleeps (the KV cache alone after a push while released) and
+        reopen admission. Idempotent."""
+        async with self._memory:
+            if not self.released:
+                return
+            if self.asleep:
+                await self._wake([t for t in SLEEP_TAGS if t in self.asleep])
+            self.released = False
+            self.gate.release()
+
+    async def _wake(self, tags: list[str]) -> None:
+        await self.engine.wake_up(tags=tags)
+        self.asleep.difference_update(tags)
 
     async def check_health(self) -> None:
         await self.engine.check_health()
@@ -243,7 +348,7 @@ class VLLMEngine(GatedEngine):
     # ----------------------------------------------------------------- state
     def load(self) -> dict:
         return {**self.gate.load(), "paused": None if self.gate.is_open else "closed",
-                "busy_s": self.gate.busy_s(), **self._stats}
+                "memory_released": self.released, "busy_s": self.gate.busy_s(), **self._stats}
 
     def shutdown(self) -> None:
         self.engine.shutdown()

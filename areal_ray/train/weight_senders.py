@@ -15,6 +15,11 @@ stats) and `follow` on the other ranks (the same gather, results dropped).
   a broadcast fails (a replica died or timed out), so a push always completes for the
   live replicas.
 
+Every path publishes in `weights.dtype` when it is set (bf16 replicas of an fp32
+trainer get half the bytes, through the object store and onto /dev/shm alike); the
+weights a push returns stay in the trained dtype, since checkpoints are written from
+them.
+
 Stats per push (`push_stats`): path, bytes, gather / transfer / load seconds.
 """
 
@@ -47,8 +52,13 @@ def iter_full(model) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, t.detach()
 
 
-def state_bytes(state: dict) -> int:
-    return sum(v.numel() * v.element_size() for v in state.values())
+def as_dtype(state: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """`state` as the replicas get it: every tensor in `dtype` (empty: unchanged), as
+    the collective path converts each bucket (`manifest_of`)."""
+    if not dtype:
+        return state
+    to = getattr(torch, dtype)
+    return {k: v.to(to) for k, v in state.items()}
 
 
 def push_stats(path: str, nbytes: int, transfer_s: float, push: dict) -> dict:
@@ -97,7 +107,13 @@ class StagedSender:
         payload = self.stage(version, weights)
         stage_s = time.perf_counter() - t0
         push = ray.get(self.ctx.driver.push_weights.remote(version, payload))
-        return push_stats(self.path, state_bytes(weights), stage_s, push)
+        return push_stats(self.path, self.sent_bytes(weights), stage_s, push)
+
+    def sent_bytes(self, weights: dict[str, torch.Tensor]) -> int:
+        """Bytes the replicas get: in `weights.dtype` when it is set."""
+        dtype = self.ctx.cfg.dtype
+        size = getattr(torch, dtype).itemsize if dtype else None
+        return sum(v.numel() * (size or v.element_size()) for v in weights.values())
 
     def close(self) -> None:
         pass
@@ -107,7 +123,7 @@ class ObjectStoreSender(StagedSender):
     path = "object_store"
 
     def stage(self, version: int, weights: dict[str, torch.Tensor]) -> WeightPayload:
-        return put_state(weights)
+        return put_state(as_dtype(weights, self.ctx.cfg.dtype))
 
 
 class DiskSender(StagedSender):
@@ -121,7 +137,8 @@ class DiskSender(StagedSender):
         folder = self.ctx.weights_dir
         folder.mkdir(parents=True, exist_ok=True)
         file = folder / f"v{version}.safetensors"
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(file))
+        sent = as_dtype(weights, self.ctx.cfg.dtype)
+        save_file({k: v.contiguous() for k, v in sent.items()}, str(file))
         (folder / f"v{version - 2}.safetensors").unlink(missing_ok=True)
         return DiskPayload(str(file))
 
@@ -210,7 +227,8 @@ class CollectiveSender:
                     pass
                 push = ray.get(driver.fallback_push.remote(
                     version, self.fallback.stage(version, weights)))
-                stats = push_stats("object_store (fallback)", state_bytes(weights), 0.0, push)
+                stats = push_stats("object_store (fallback)", self.fallback.sent_bytes(weights),
+                                   0.0, push)
         stats.update(push_gather_s=gather_s[0], push_total_s=time.perf_counter() - t0)
         return weights, stats
 

@@ -198,3 +198,44 @@ def test_the_batch_never_exceeds_max_batch_size(random_model_dir):
     results = asyncio.run(scenario())
     assert [len(r.output_ids) for r in results] == [20 + i for i in range(8)]
     assert max(seen) == 3
+
+
+def test_released_memory_holds_requests_through_a_push_until_resumed(engine):
+    """One GPU shared with the trainer: release aborts what runs (its KV cache goes),
+    later requests wait, a push in between loads without reopening, and only
+    resume_memory lets them run, on the pushed version."""
+    new_state = {k: v * 1.01 for k, v in engine.model.state_dict().items()}
+
+    async def scenario():
+        running = asyncio.ensure_future(engine.generate(long_request(100_000)))
+        await until(lambda: engine.load()["running"] == 1, "the request running")
+        await engine.release_memory()
+        aborted = await running
+        held = asyncio.ensure_future(engine.generate(GenerationRequest([5], 4, 1.0, ignore_eos=True)))
+        with pytest.raises(RuntimeError, match="resume_memory"):
+            await engine.resume()
+        await engine.update_weights(new_state, 1)
+        await asyncio.sleep(0.05)
+        waiting = engine.load()
+        await engine.resume_memory()
+        return aborted, waiting, await held
+
+    aborted, waiting, held = asyncio.run(scenario())
+    assert aborted.stop_reason == "abort" and len(aborted.output_ids) < 100_000
+    assert (waiting["queued"], waiting["running"], waiting["memory_released"]) == (1, 0, True)
+    assert held.versions == [1] * 4 and not engine.load()["memory_released"]
+
+
+@pytest.mark.parametrize("device,emptied", [("cpu", 0), ("cuda", 1)])
+def test_release_hands_cached_blocks_back_to_cuda_only_on_cuda(engine, monkeypatch, device,
+                                                               emptied):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    cpu = engine.device
+    engine.device = torch.device(device)  # nothing runs while released: no tensor is made
+    try:
+        asyncio.run(engine.release_memory())
+    finally:
+        engine.device = cpu
+    asyncio.run(engine.resume_memory())
+    assert len(calls) == emptied
