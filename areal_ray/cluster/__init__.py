@@ -1,0 +1,1 @@
+"""What the job needs from the cluster, checked before anything starts."""
