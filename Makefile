@@ -46,16 +46,23 @@ test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real
 	PYTHONPATH=$(CONTRACT_PATH) $(PY) -m pytest -q -p no:warnings tests/contract
 
 # On a CUDA machine (docs/gpu.md): .venv-gpu from requirements-gpu.txt (sglang), or
-# ENGINE=vllm for requirements-gpu-vllm.txt. Flash attention: without flash-attn,
-# transformers loads `kernels-community/flash-attn2` from the Hugging Face Hub at first
-# use; FLASH_ATTN=1 builds flash-attn instead, against the installed torch (needs nvcc).
-GPU_REQ := requirements-gpu$(if $(filter vllm,$(ENGINE)),-vllm,).txt
+# ENGINE=vllm for requirements-gpu-vllm.txt. The machine is checked first
+# (jobs/gpu_prereqs.py: python3 version, glibc, NVIDIA driver, nvcc with FLASH_ATTN=1).
+# Flash attention: without flash-attn, transformers loads `kernels-community/flash-attn2`
+# from the Hugging Face Hub through `kernels` (the sglang env gets a newer one than
+# sglang pins: requirements-gpu-kernels.txt); FLASH_ATTN=1 builds flash-attn instead,
+# against the installed torch (needs nvcc). The GPU check runs on the env's engine.
+GPU_ENGINE := $(or $(ENGINE),sglang)
+GPU_REQ := requirements-gpu$(if $(filter vllm,$(GPU_ENGINE)),-vllm,).txt
+GPU_FLASH := $(filter-out 0,$(FLASH_ATTN))
 gpu-venv:  ## CUDA machines only: .venv-gpu (ENGINE=vllm for vLLM, FLASH_ATTN=1 to build flash-attn)
+	$(PYTHON) -m jobs.gpu_prereqs engine=$(GPU_ENGINE) flash_attn=$(if $(GPU_FLASH),1,0)
 	$(PYTHON) -m venv .venv-gpu
 	.venv-gpu/bin/pip install -q --upgrade pip
 	.venv-gpu/bin/pip install -r $(GPU_REQ)
-	$(if $(FLASH_ATTN),.venv-gpu/bin/pip install --no-build-isolation flash-attn==2.8.3.post2,)
-	.venv-gpu/bin/python -m jobs.gpu_check layers=4 tokens=2048 out=runs/gpu_check_install.json
+	$(if $(filter sglang,$(GPU_ENGINE)),.venv-gpu/bin/pip install -r requirements-gpu-kernels.txt,)
+	$(if $(GPU_FLASH),.venv-gpu/bin/pip install --no-build-isolation flash-attn==2.8.3.post2,)
+	.venv-gpu/bin/python -m jobs.gpu_check engine=$(GPU_ENGINE) layers=4 tokens=2048 out=runs/gpu_check_install.json
 
 tiny: venv  ## rebuild the embedded model in artifacts/tiny
 	$(PY) -m jobs.make_tiny out=artifacts/tiny

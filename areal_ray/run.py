@@ -65,6 +65,11 @@ def resolve_model(path: str, key: str = "model.path") -> str:
             from areal_ray.task.tiny_model import SPECS, build_tiny
             print(f"[areal-ray] building the embedded tiny model in {p} (once)", flush=True)
             build_tiny(p, SPECS[task]())
+        elif not p.is_absolute() and not p.exists():
+            raise FileNotFoundError(
+                f"{key} {path!r} does not exist: a relative path resolves against the job's working "
+                f"directory ({Path.cwd()}; inside `ray job submit`, Ray's copy of --working-dir, which "
+                f"leaves out .gitignore'd paths such as models/); use an absolute path")
         else:
             raise FileNotFoundError(f"{key} {path!r} has no config.json: not an HF model directory")
     return str(p.resolve())

@@ -1,2 +1,3 @@
-"""What a run needs from the cluster, checked before anything starts: where its actors go
-(`plan`), whether shared GPUs have the memory for them, and what the environment offers."""
+"""What a run needs from the cluster, checked before anything starts: where its actors
+go and whether shared GPUs have the memory for them (`plan`, `placement`), and whether
+the environment has the attention kernels the config asks for (`attention`)."""
