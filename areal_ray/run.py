@@ -24,6 +24,7 @@ from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from transformers import AutoModelForCausalLM
 
+from areal_ray.cluster.attention import check_attention
 from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
                                          deploy_app, train_start_problem)
 from areal_ray.config import Config, ConfigError
@@ -237,6 +238,7 @@ def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
     check_memory(cfg, model_path)
+    check_attention(cfg.model.attn_implementation, cfg.train.use_gpu)  # before any worker loads it
     resolve_endpoint(cfg)  # an agent workflow's base_url: the endpoint of rollout.openai
     verifiers = check_plugins(cfg)  # rollout.workflow, reward.checkers: bad paths fail here
     prompts = train_stream(cfg.task, prompt_count(cfg), verifiers)

@@ -120,12 +120,24 @@ class RolloutServer:
         t0 = time.perf_counter()
         if payload is None:  # nothing published yet: the engine serves the model on disk
             self.engine.version = version
+        elif self._streams(payload):  # bucket by bucket into the engine (sglang, a broadcast)
+            await self._swap(None, version, self.receiver.stream(payload))
         else:  # received while generation goes on; only the swap holds the engine
             await self._swap(await self.receiver.receive(payload), version)
         self.serial = serial
         await self.driver.ack.remote(self.replica_id, serial, time.perf_counter() - t0)
 
-    async def _swap(self, state_dict: dict, version: int) -> None:
+    def _streams(self, payload) -> bool:
+        """Stream a broadcast into the engine rather than hold a whole received copy of
+        the model beside the engine's own (the GPU memory a replica has outside its
+        engine's share is small). Not with rolling updates: every replica must receive
+        a broadcast at once, and the load slot admits one. A stream that breaks midway
+        leaves the weights half written: the gate stays closed and Serve replaces the
+        replica, where a whole receive would have fallen back to the object store."""
+        return (not self.rolling and self.receiver.streams(payload)
+                and hasattr(self.engine, "update_weights_from_buckets"))
+
+    async def _swap(self, state_dict: dict | None, version: int, buckets=None) -> None:
         if self.rolling:
             await self.driver.acquire_load_slot.remote(self.replica_id)
         try:
@@ -134,7 +146,9 @@ class RolloutServer:
                 if self.released:
                     await self.engine.resume_memory()
                     self.released = False
-            info = await self.engine.update_weights(state_dict, version, self.update_mode)
+            info = await (self.engine.update_weights_from_buckets(buckets, version, self.update_mode)
+                          if buckets is not None else
+                          self.engine.update_weights(state_dict, version, self.update_mode))
             self.updates = (self.updates + [{"version": version, "start": t0, "end": time.time(),
                                              **info}])[-16:]
         finally:
@@ -163,7 +177,7 @@ class RolloutServer:
     async def _watch_release(self) -> None:
         """Free the engine's GPU memory at each release round the trainer opens
         (areal_ray/driver/release.py); the next push's `_swap` restores it."""
-        seen = 0
+        seen = await self.driver.release_seen.remote()
         while True:
             try:
                 epoch = await self.driver.wait_for_release.remote(self.replica_id, seen, 30.0)

@@ -94,6 +94,9 @@ def run_settings(c: GPUCheckConfig, dev: torch.device):
     if c.attn:
         over.append(f"model.attn_implementation={c.attn}")
     cfg = load_config(c.run_config or None, over)
+    if dev.type == "cuda":  # a flash kernel that cannot load fails here, saying why
+        from areal_ray.cluster.attention import check_attention
+        check_attention(cfg.model.attn_implementation, True)
     if not cfg.algo.microbatch.max_tokens:
         cfg.algo.microbatch.max_tokens = 4096
     return cfg

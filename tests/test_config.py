@@ -77,6 +77,11 @@ CHECKS = [
     (["train.max_failures=-1"], "train.max_failures must be >= 0"),
     (["train.logits_chunk_mb=0"], "train.logits_chunk_mb must be >= 1"),
     (["train.gpu_memory_gib=-1"], "train.gpu_memory_gib must be >= 0"),
+    (["train.num_gpus_per_worker=1.5"], "train.num_gpus_per_worker must be a fraction"),
+    (["train.num_gpus_per_worker=0"], "train.num_gpus_per_worker must be a fraction"),
+    (["rollout.num_gpus=-1"], "rollout.num_gpus must be >= 0"),
+    (["rollout.num_gpus=1.5"], "rollout.num_gpus must be a fraction"),
+    (["run.placement_timeout_s=0"], "run.placement_timeout_s must be > 0"),
     (["weights.bucket_mb=0"], "weights.bucket_mb must be >= 1"),
     (["weights.timeout_s=0"], "weights.timeout_s must be > 0"),
     (["run.resume=true"], "run.resume needs run.run_dir"),
@@ -91,6 +96,9 @@ CHECKS = [
     (["weights.backend=nccl", "rollout.num_gpus=1"], "weights.backend=nccl needs train.use_gpu=true"),
     (["weights.backend=nccl", "train.use_gpu=true"], "weights.backend=nccl needs rollout.num_gpus > 0"),
     (["model.attn_implementation=flash_attention_2"], "model.attn_implementation=.* needs train.use_gpu=true"),
+    (["rollout.engine_kwargs.tensor_parallel_size=2", "rollout.num_gpus=1"],
+     r"tensor parallel over 2 GPUs .* needs rollout.num_gpus=2"),
+    (["rollout.engine_kwargs.tp_size=4", "rollout.num_gpus=2"], r"tensor parallel over 4 GPUs"),
 ]
 
 

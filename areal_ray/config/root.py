@@ -30,6 +30,12 @@ class Config:
     eval: EvalConfig = section(EvalConfig, "the standalone eval job")
 
 
+def engine_tensor_parallel(rollout) -> int:
+    """GPUs one replica's engine spans (vLLM tensor_parallel_size, sglang tp_size)."""
+    kw = rollout.engine_kwargs
+    return int(kw.get("tensor_parallel_size", kw.get("tp_size", 1)) or 1)
+
+
 def check_across(cfg: Config) -> None:
     """What one section cannot check alone: settings that must fit each other."""
     require(0 <= cfg.algo.reward_shaping.overlong_tokens < cfg.rollout.max_new_tokens,
@@ -41,6 +47,10 @@ def check_across(cfg: Config) -> None:
             "CPU trainers use weights.backend=gloo")
     require(cfg.weights.backend != "nccl" or cfg.rollout.num_gpus > 0,
             "weights.backend=nccl needs rollout.num_gpus > 0 (every replica receives on its GPU)")
+    tp = engine_tensor_parallel(cfg.rollout)
+    require(tp == 1 or cfg.rollout.num_gpus >= tp,
+            f"rollout.num_gpus={cfg.rollout.num_gpus:g} but the engine is tensor parallel over {tp} "
+            f"GPUs (rollout.engine_kwargs): each replica needs rollout.num_gpus={tp}")
     require("flash" not in cfg.model.attn_implementation or cfg.train.use_gpu,
             f"model.attn_implementation={cfg.model.attn_implementation} needs train.use_gpu=true "
             "(CUDA-only kernels)")

@@ -33,5 +33,5 @@ class TrainConfig:
         require(self.logits_chunk_mb >= 1, "train.logits_chunk_mb must be >= 1")
         require(self.gpu_memory_gib >= 0, "train.gpu_memory_gib must be >= 0")
         g = self.num_gpus_per_worker
-        require(0 < g <= 1 or g == int(g),
+        require(g > 0 and (g <= 1 or g == int(g)),
                 f"train.num_gpus_per_worker must be a fraction in (0, 1] or a whole number, got {g}")

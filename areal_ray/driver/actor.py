@@ -228,6 +228,7 @@ class Driver:
             if group is None:
                 return None
             epoch, ranks, world = group
+            self.release.close_round()
             latest = self.publication.announce(version, CollectivePayload(
                 epoch=epoch, store=self.publication.store, ranks=ranks, world=world,
                 specs=tuple(specs), bucket_bytes=bucket_bytes))
@@ -247,6 +248,7 @@ class Driver:
     async def _publish(self, version: int, payload) -> dict:
         t0 = time.perf_counter()
         async with self.cond:
+            self.release.close_round()
             serial = self.publication.announce(version, payload).serial
             self.cond.notify_all()
         return await self._await_loads(version, serial, t0)
@@ -302,6 +304,10 @@ class Driver:
             except TimeoutError:
                 return None
             return self.release.epoch
+
+    def release_seen(self) -> int:
+        """The release epoch a starting replica counts as seen (release.py)."""
+        return self.release.first_seen()
 
     async def ack_release(self, replica_id: str, epoch: int) -> None:
         async with self.cond:

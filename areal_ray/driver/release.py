@@ -6,8 +6,9 @@ A round is an epoch number. The trainer opens one and waits until every register
 replica has acknowledged it (or the timeout, after which it steps anyway and the
 record says which replicas did not answer: a dead replica is dropped by the monitor,
 and a slow one must not stall training for good). Replicas long-poll for a newer epoch,
-as they do for weight publications. A replica that registers mid-round has nothing to
-release yet and counts as done.
+as they do for weight publications. A round stays open until the next publication
+(the push that brings the memory back): a replica that starts while one is open frees
+its memory at once, one that starts between rounds keeps it.
 """
 
 from __future__ import annotations
@@ -18,18 +19,29 @@ from collections.abc import Iterable
 class MemoryRelease:
     def __init__(self):
         self.epoch = 0
+        self.open = False  # a trainer step is under way: replicas hold no memory
         self.acked: dict[str, int] = {}  # replica id -> the last epoch it released for
 
     def open_round(self) -> int:
         self.epoch += 1
+        self.open = True
         return self.epoch
+
+    def close_round(self) -> None:
+        """A publication: the replicas load it with their memory back."""
+        self.open = False
+
+    def first_seen(self) -> int:
+        """The epoch a starting replica has already seen: the current one between
+        rounds, the one before while a round is open (so it releases now)."""
+        return self.epoch - 1 if self.open else self.epoch
 
     def ack(self, replica_id: str, epoch: int) -> None:
         self.acked[replica_id] = max(epoch, self.acked.get(replica_id, 0))
 
     def join(self, replica_id: str) -> None:
-        """A new replica: nothing of it was allocated for the round under way."""
-        self.acked[replica_id] = self.epoch
+        """A new replica: pending for an open round (it frees its memory at once)."""
+        self.acked[replica_id] = self.first_seen()
 
     def forget(self, replica_id: str) -> None:
         self.acked.pop(replica_id, None)

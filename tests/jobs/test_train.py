@@ -31,7 +31,9 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
         # two FSDP ranks also write a checkpoint: each rank's part lands in one dir
         f"train.checkpoint_every={STEPS if workers == 2 else 0}",
         # the default (auto) pushes through shared memory here; one case takes the gloo group
-        f"weights.path={'collective' if eta == 4 else 'auto'}"])
+        f"weights.path={'collective' if eta == 4 else 'auto'}",
+        # eta 0 as on one shared GPU: the replica frees its engine's memory every step
+        f"rollout.release_memory={eta == 0}"])
     summary = run_training(cfg)
 
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
@@ -53,6 +55,8 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
             assert s["staleness_max"] == 0 and s["admitted_versions"] == [s["step"]] * B
     assert {s["push_path"] for s in steps} == {"collective" if eta == 4 else "shm"}
     assert all(s["replicas"] == 1 and s["push_bytes"] > 0 for s in steps)
+    # every step's release round was answered by the replica before the step ran
+    assert all((s.get("release_pending") == 0 and s["release_s"] >= 0) == (eta == 0) for s in steps)
     if eta == 4:
         assert summary["max_staleness"] >= 1  # the producer really ran ahead
 
