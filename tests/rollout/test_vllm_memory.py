@@ -35,22 +35,22 @@ class StrictAsyncLLM:
         self.loaded: list[str] = []  # digest of each file loaded
         self.loading = False  # vLLM's engine core runs one such call at a time
 
-    async def generate(self, prompt, params, rid):
+    async def generate(self, prompt, sampling_params, request_id):
         if self.sleeping:
             raise AssertionError("generate while asleep: vLLM would hold it unserved")
-        aborted = self.running[rid] = asyncio.Event()
+        aborted = self.running[request_id] = asyncio.Event()
         ids = []
-        while len(ids) < params.max_tokens and not aborted.is_set():
+        while len(ids) < sampling_params.max_tokens and not aborted.is_set():
             await asyncio.sleep(0.001)
             ids.append(7)
-        del self.running[rid]
-        reason = "abort" if aborted.is_set() and len(ids) < params.max_tokens else "length"
+        del self.running[request_id]
+        reason = "abort" if aborted.is_set() and len(ids) < sampling_params.max_tokens else "length"
         lps = [{7: SimpleNamespace(logprob=-1.0)} for _ in ids]
         yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=lps,
                                                        finish_reason=reason)])
 
-    async def abort(self, rids):
-        for rid in rids:
+    async def abort(self, request_id):
+        for rid in ([request_id] if isinstance(request_id, str) else request_id):
             if rid in self.running:
                 self.running[rid].set()
 
@@ -253,3 +253,30 @@ def test_the_device_to_host_copy_of_a_push_runs_off_the_event_loop(monkeypatch):
 
     loop_thread = asyncio.run(scenario())
     assert len(copied_on) == 1 and copied_on[0] != loop_thread
+
+
+def test_the_stand_in_has_the_real_async_llms_surface():
+    """Contract: every call VLLMEngine makes on the stand-in exists on vLLM 0.32's
+    AsyncLLM with the parameters the stand-in takes, in the same order, and sleep mode
+    is an engine argument; so a test passing here calls what the real engine has."""
+    import dataclasses
+    import inspect
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    def params(fn) -> list[str]:
+        return [n for n, p in inspect.signature(fn).parameters.items()
+                if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+    ours = {n: f for n, f in vars(StrictAsyncLLM).items()
+            if callable(f) and not n.startswith("_")}
+    assert {"sleep", "wake_up", "generate", "abort"} <= set(ours)
+    for name, fn in ours.items():
+        real = getattr(AsyncLLM, name, None)
+        assert real is not None, f"AsyncLLM has no {name}"
+        theirs = params(real)
+        assert params(fn) == theirs[:len(params(fn))], (name, params(fn), theirs)
+        for kind in (inspect.iscoroutinefunction, inspect.isasyncgenfunction):
+            assert kind(fn) == kind(real), (name, kind.__name__)
+    assert "enable_sleep_mode" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
