@@ -60,6 +60,7 @@ CHECKS = [
     (["rollout.min_replicas=0"], r"rollout.min_replicas <= rollout.max_replicas"),
     (["rollout.min_replicas=3", "rollout.max_replicas=2"], r"rollout.min_replicas <= rollout.max_replicas"),
     (["rollout.target_ongoing_requests=-1"], "rollout.target_ongoing_requests must be >= 0"),
+    (["rollout.episode_timeout_s=-1"], "rollout.episode_timeout_s must be >= 0"),
     (["reward.min_actors=0"], "reward.min_actors <= reward.max_actors"),
     (["reward.min_actors=3", "reward.max_actors=2"], "reward.min_actors <= reward.max_actors"),
     (["algo.eta=-1"], "algo.eta must be >= 0"),

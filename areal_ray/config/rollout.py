@@ -62,6 +62,7 @@ class RolloutConfig:
     torch_threads: int = opt(1, "torch intra-op threads per replica (vllm: OpenMP threads of its engine process)")
     workflow: str = opt("areal_ray.rollout.workflow.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/workflows.md); a user's own plugs in here")
     workflow_kwargs: dict = opt({}, "keyword arguments of the workflow's constructor")
+    episode_timeout_s: float = opt(1800.0, "deadline of one row's episode, from its admission: a later one is abandoned and its row rejected (as a workflow's rejection: counted once, tickets stay in order), so one episode that never returns cannot stall training, which waits for every ticket in order; 0: no deadline. Generous by default: an episode may legitimately wait out weight pushes and, with release_memory, whole training steps")
     openai: OpenAIEndpointConfig = section(OpenAIEndpointConfig, "the OpenAI-compatible endpoint for agent workflows")
 
     def check(self) -> None:
@@ -74,3 +75,5 @@ class RolloutConfig:
         require(self.num_gpus <= 1 or self.num_gpus == int(self.num_gpus),
                 f"rollout.num_gpus must be a fraction in [0, 1] or a whole number, got {self.num_gpus}")
         require(self.target_ongoing_requests >= 0, "rollout.target_ongoing_requests must be >= 0")
+        require(self.episode_timeout_s >= 0,
+                f"rollout.episode_timeout_s must be >= 0 (0: no deadline), got {self.episode_timeout_s}")

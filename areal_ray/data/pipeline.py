@@ -6,7 +6,8 @@ staleness gate waits for training would deadlock the run (docs/stack_facts.md). 
 stage is an async actor UDF: each of its concurrent calls asks the driver for a
 ticket (waiting while the gate is full), runs the rollout workflow's episode on the
 row (`rollout.workflow`, areal_ray/rollout/workflow.py) through the rollout Serve
-app, and tells the driver it finished. The reward
+app under the episode deadline (`rollout.episode_timeout_s`), and tells the driver it
+finished (`AdmittedEpisodes`). The reward
 stage is an autoscaling actor pool (`ActorPoolStrategy(min_size, max_size)`).
 
 Ray Train calls a `PipelineFactory` each time it starts the trainer's worker group,
@@ -18,6 +19,9 @@ trainer resumes from are skipped.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import numpy as np
 import ray
 from ray.data import ActorPoolStrategy
@@ -26,11 +30,13 @@ from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.workflow import (SINGLE_TURN, EpisodeConfig, build_workflow, check_episode,
-                                       group_of)
+from areal_ray.rollout.workflow import (SINGLE_TURN, EpisodeConfig, abandoned, build_workflow,
+                                       check_episode, group_of)
 from areal_ray.types import Group
 
+logger = logging.getLogger(__name__)
 EMPTY = {"ticket": np.array([], dtype=np.int64), "group": np.array([], dtype=object)}
+LATE = object()  # what `before_deadline` returns for an episode it abandoned
 
 
 def _row(batch: dict[str, np.ndarray], i: int) -> dict:
@@ -38,42 +44,97 @@ def _row(batch: dict[str, np.ndarray], i: int) -> dict:
     return {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in batch.items()}
 
 
-class RolloutStage:
-    """Admission around the rollout workflow: per row, a ticket from the driver's
+async def before_deadline(coro, timeout_s: float, left_behind: set):
+    """`coro`'s result, or LATE once `timeout_s` has passed (0: no deadline). A late
+    task is cancelled and left behind in `left_behind` until it ends, never awaited:
+    an episode that ignores its cancellation, or blocks in a `finally`, must not hold
+    the caller either."""
+    if timeout_s <= 0:
+        return await coro
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if done:
+        return task.result()
+    task.cancel()
+    left_behind.add(task)
+    task.add_done_callback(_forget(left_behind))
+    return LATE
+
+
+def _forget(left_behind: set):
+    def done(task: asyncio.Task) -> None:
+        left_behind.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: whatever it ended with is of no use now
+    return done
+
+
+class AdmittedEpisodes:
+    """Admission around the rollout workflow, per row: a ticket from the driver's
     staleness gate (waiting while it is full), the workflow's episode through the
-    engine client, then the ticket, admitted version and stream position written
-    into the group it returned."""
+    engine client within `timeout_s` of the admission, the driver told the group
+    finished (exactly once, however the episode ended), then the ticket, admitted
+    version and stream position written into the group. `driver` is the driver
+    actor's handle (anything whose `acquire`/`finish` `.remote(...)` is awaitable)."""
 
-    def __init__(self, driver_name: str, namespace: str, app_name: str,
-                 deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
-                 generation: int = 0, workflow: str = SINGLE_TURN,
-                 workflow_kwargs: dict | None = None, seed: int | None = None):
-        # Token ids in and out: the rollout app encodes the prompt and decodes the
-        # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
-        # which unpickle this module) never imports transformers or torch.
-        self.driver = ray.get_actor(driver_name, namespace=namespace)
-        self.client = EngineClient.for_app(app_name, deployment_name)
-        self.workflow = build_workflow(
-            workflow, EpisodeConfig(group_size, max_new_tokens, temperature, seed), workflow_kwargs)
-        self.generation = generation
+    def __init__(self, driver, client, workflow, generation: int = 0, timeout_s: float = 0.0):
+        self.driver, self.client, self.workflow = driver, client, workflow
+        self.generation, self.timeout_s = generation, timeout_s
+        self.abandoned = 0  # episodes past their deadline, in this process
+        self.left_behind: set[asyncio.Task] = set()  # those of them still unwinding
 
-    async def episode(self, row: dict) -> Group | None:
+    async def __call__(self, row: dict) -> Group | None:
         """The group of `row`, admitted; None when the row is not admitted. A row the
         workflow rejects still holds its ticket, which the trainer waits for in order:
         it is delivered as a group without samples, which the trainer drops as the
         dynamic filter drops a group (its slot freed through the gate's rejected count,
-        its position recorded as consumed)."""
+        its position recorded as consumed). An episode past the deadline is abandoned
+        and its row rejected the same way (`workflow.abandoned` marks the group)."""
         admitted = await self.driver.acquire.remote(row["pos"], self.generation)
         if admitted is None:  # run closed, an old pipeline, or consumed before resume
             return None
         ticket, version = admitted
         try:
-            group = await self.workflow.arun_episode(self.client, row)
+            group = await before_deadline(self.workflow.arun_episode(self.client, row),
+                                          self.timeout_s, self.left_behind)
         finally:
             await self.driver.finish.remote(self.generation)
-        group = group_of(row, []) if group is None else check_episode(group, self.workflow)
+        if group is LATE:
+            self.abandoned += 1
+            logger.warning("the episode of prompt %s (uid %s) passed rollout.episode_timeout_s="
+                           "%g: abandoned, its row rejected (%d so far)", row["pos"],
+                           row.get("uid"), self.timeout_s, self.abandoned)
+            group = abandoned(row, self.timeout_s)
+        elif group is None:
+            group = group_of(row, [])
+        else:
+            group = check_episode(group, self.workflow)
         group.ticket, group.admitted_version, group.pos = ticket, version, row["pos"]
         return group
+
+
+class RolloutStage:
+    """The rollout stage of the pipeline: `AdmittedEpisodes` on the driver actor and
+    the rollout Serve app, one group per row of each block."""
+
+    def __init__(self, driver_name: str, namespace: str, app_name: str,
+                 deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
+                 generation: int = 0, workflow: str = SINGLE_TURN,
+                 workflow_kwargs: dict | None = None, seed: int | None = None,
+                 episode_timeout_s: float = 0.0):
+        # Token ids in and out: the rollout app encodes the prompt and decodes the
+        # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
+        # which unpickle this module) never imports transformers or torch.
+        self.episode = AdmittedEpisodes(
+            ray.get_actor(driver_name, namespace=namespace),
+            EngineClient.for_app(app_name, deployment_name),
+            build_workflow(workflow, EpisodeConfig(group_size, max_new_tokens, temperature, seed),
+                           workflow_kwargs),
+            generation, episode_timeout_s)
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict:
         tickets, groups = [], []
@@ -101,7 +162,7 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
             group_size=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature, generation=generation,
             workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs),
-            seed=EpisodeConfig.of(cfg).seed),
+            seed=EpisodeConfig.of(cfg).seed, episode_timeout_s=cfg.rollout.episode_timeout_s),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
                                   max_concurrent_calls_per_actor=concurrent))
     ds = ds.map_batches(

@@ -17,7 +17,9 @@ holds the session's last call, the one that wrote the final answer the reward gr
 and drops the others; "reject" rejects the row. A session that made no call, or an
 agent that returns None, rejects the row (None: the rollout stage records the row as
 rejected and the run reads more prompts). An agent that raises fails the episode, as
-any workflow error does: a broken agent should stop the run, not starve it.
+any workflow error does: a broken agent should stop the run, not starve it. An agent
+that never returns is abandoned at `rollout.episode_timeout_s` (its row rejected; the
+cancellation still deletes its sessions).
 
 The clients do not retry (`max_retries=0`): a retried completion whose first attempt
 did finish would be recorded twice and break the session's chain. The endpoint already

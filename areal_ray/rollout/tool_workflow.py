@@ -13,7 +13,10 @@ new one, and the sample's staleness counts its oldest policy token (`Sample`).
 
 Turns of all the group's samples advance together: one Serve call per round carries
 every sample that is generating (`generate_rounds`), and the tools of the samples
-that stopped at a call run concurrently between rounds.
+that stopped at a call run concurrently between rounds, each in a thread of its own
+for at most `tool_timeout_s` (tools.py `ToolRunner`): whatever the model's arguments
+make a tool do (raise, block, overrun), the sample gets an "error: ..." result and
+the episode, and every other episode on this event loop, goes on.
 
 `rollout.max_new_tokens` is the budget of one turn; `max_total_tokens` caps the whole
 output (model and tool tokens) so the trainer's sequence length stays bounded.
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 
 from areal_ray.plugins import PluginError
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
-from areal_ray.rollout.tools import ToolCall, build_tools, find_call
+from areal_ray.rollout.tools import ToolCall, ToolRunner, build_tools, find_call
 from areal_ray.rollout.workflow import EpisodeConfig, group_of
 from areal_ray.types import Group, Sample
 
@@ -123,10 +126,12 @@ class ToolWorkflow:
 
     def __init__(self, config: EpisodeConfig, tools=("calculator",), max_turns: int = 4,
                  max_total_tokens: int = 512, result_format: str = "={}\n",
-                 call_end: str = ")"):
-        self.check(config, tools, max_turns, max_total_tokens, result_format, call_end)
+                 call_end: str = ")", tool_timeout_s: float = 10.0):
+        self.check(config, tools, max_turns, max_total_tokens, result_format, call_end,
+                   tool_timeout_s)
         self.config = config
         self.tools = build_tools(list(tools))
+        self.runner = ToolRunner(tool_timeout_s)
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.result_format, self.call_end = result_format, call_end
         self._stop_ids: list[int] | None = None
@@ -134,7 +139,7 @@ class ToolWorkflow:
     @staticmethod
     def check(config: EpisodeConfig, tools=("calculator",), max_turns: int = 4,
               max_total_tokens: int = 512, result_format: str = "={}\n",
-              call_end: str = ")") -> None:
+              call_end: str = ")", tool_timeout_s: float = 10.0) -> None:
         """Raise PluginError naming the bad `rollout.workflow_kwargs` entry (called
         before Ray starts, and by the constructor)."""
         where = "rollout.workflow_kwargs"
@@ -153,6 +158,10 @@ class ToolWorkflow:
                               f"string with one {{}} for the result: {e}") from e
         if not isinstance(call_end, str) or not call_end:
             raise PluginError(f"{where}.call_end must be a non-empty string, got {call_end!r}")
+        if isinstance(tool_timeout_s, bool) or not isinstance(tool_timeout_s, (int, float)) \
+                or not tool_timeout_s > 0:
+            raise PluginError(f"{where}.tool_timeout_s must be a number of seconds > 0 (the "
+                              f"wall-clock bound of one tool call), got {tool_timeout_s!r}")
 
     async def stop_ids(self, client: EngineClient) -> list[int]:
         if self._stop_ids is None:
@@ -165,7 +174,7 @@ class ToolWorkflow:
         return self._stop_ids
 
     async def run_tool(self, client: EngineClient, call: ToolCall) -> list[int]:
-        result = await self.tools[call.name].call(call.arguments)
+        result = await self.runner.run(self.tools[call.name], call.arguments)
         return await client.encode(self.result_format.format(result))
 
     async def arun_episode(self, client: EngineClient, row: dict) -> Group:

@@ -9,7 +9,8 @@ type (several turns, tool calls, another prompt format) is a new workflow; the
 pipeline stays as it is. Admission is not the workflow's business: the rollout stage
 takes the staleness gate's ticket before the episode and fills in the group's
 ticket, admitted version and stream position after it, so no workflow can break the
-staleness accounting.
+staleness accounting. Nor can an episode that never returns stall the run: past
+`rollout.episode_timeout_s` the stage abandons it and rejects its row (`abandoned`).
 
 `SingleTurnWorkflow` is the default: one prompt, n interruptible samples
 (`interruptible.py`), decoded for the reward checker.
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 KEY = "rollout.workflow"
 SINGLE_TURN = f"{__name__}.SingleTurnWorkflow"  # the default (config.py's too)
+ABANDONED = "abandoned_after_s"  # Group.meta key of a row whose episode passed its deadline
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,19 @@ def group_of(row: dict, samples: list[Sample]) -> Group:
     return Group(ticket=-1, uid=str(row["uid"]), prompt=str(row["prompt"]),
                  answer=str(row["answer"]), verifier=str(row["verifier"]),
                  admitted_version=-1, samples=samples)
+
+
+def abandoned(row: dict, after_s: float) -> Group:
+    """The group of a row whose episode was abandoned after `after_s` seconds: without
+    samples, so it travels and is rejected as a row the workflow rejected; marked
+    (`ABANDONED`) so it can be counted apart."""
+    group = group_of(row, [])
+    group.meta[ABANDONED] = after_s
+    return group
+
+
+def is_abandoned(group: Group) -> bool:
+    return ABANDONED in group.meta
 
 
 def check_episode(group: object, workflow: object) -> Group:

@@ -1,7 +1,8 @@
 """AgentWorkflow without Ray: the example calculator agent, through the real `openai`
 client, against the endpoint's request handling on an in-process engine (HTTP is an
 httpx mock transport); one Sample per session; rows rejected when an agent returns
-None or a session does not chain under multi_sample=reject; the run's URL wiring."""
+None or a session does not chain under multi_sample=reject; an agent that never returns,
+abandoned at the episode deadline, still has its sessions deleted; the run's URL wiring."""
 
 import asyncio
 import json
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from areal_ray.config import ConfigError, load_config
+from areal_ray.data.pipeline import LATE, before_deadline
 from areal_ray.plugins import PluginError
 from areal_ray.rollout.agent_workflow import AgentWorkflow, pick_sample, resolve_endpoint
 from areal_ray.rollout.openai_protocol import APIError
@@ -114,6 +116,26 @@ def test_rows_are_rejected_when_an_agent_returns_none_or_a_session_forks(engine)
     ids34 = engine.tokenizer("34", add_special_tokens=False)["input_ids"]
     assert [s.prompt_ids for s in kept.samples] == [ids34, ids34]  # the last chain of each
     assert len(svc.store) == 0
+
+
+async def hanging_agent(client, row):
+    await client.completions.create(model="m", prompt="12", max_tokens=2)
+    await asyncio.sleep(1e6)
+
+
+def test_an_agent_abandoned_at_the_deadline_leaves_no_session(engine):  # noqa: F811
+    svc = service(engine)
+    flow = workflow(svc, 2, agent=f"{__name__}.hanging_agent")
+
+    async def scenario():
+        left = set()
+        got = await before_deadline(flow.arun_episode(None, ROW), 1.0, left)
+        opened = len(svc.store)
+        while left:  # the abandoned episode unwinds: its `finally` deletes the sessions
+            await asyncio.sleep(0.01)
+        return got, opened
+    got, opened = asyncio.run(scenario())
+    assert got is LATE and opened == 2 and len(svc.store) == 0
 
 
 def test_pick_sample():

@@ -81,6 +81,8 @@ def test_no_tool_result_without_a_turn_or_room_for_it(turns, total, reason):
     ({"tools": "calculator"}, "list of tool names"), ({"tools": ["abacus"]}, "abacus"),
     ({"max_turns": 0}, "max_turns"), ({"max_total_tokens": 0}, "max_total_tokens"),
     ({"result_format": "{} {}"}, "result_format"), ({"call_end": ""}, "call_end"),
+    ({"tool_timeout_s": 0}, "tool_timeout_s"), ({"tool_timeout_s": "5"}, "tool_timeout_s"),
+    ({"tool_timeout_s": float("nan")}, "tool_timeout_s"), ({"tool_timeout_s": True}, "tool_timeout_s"),
 ])
 def test_bad_workflow_kwargs_name_the_key(kwargs, needle):
     with pytest.raises(PluginError, match=needle):

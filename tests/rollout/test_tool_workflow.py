@@ -2,7 +2,9 @@
 calls are read and run, results appended as tokens out of the loss, ids round-trip
 exactly (the trainer's teacher-forced logprobs of the model's tokens equal the
 engine's), and a weight push that interrupts a later turn leaves every token with the
-version that produced it."""
+version that produced it. On a scripted engine: whatever a tool call does (a number
+too large to print, a power tower, an exception, a tool that never answers), the
+sample gets an error result, the episode goes on, and the event loop keeps running."""
 
 import asyncio
 
@@ -15,7 +17,8 @@ from areal_ray.rollout.hf_engine import HFEngine
 from areal_ray.rollout.tool_workflow import ToolWorkflow
 from areal_ray.rollout.tools import Calculator, calculate
 from areal_ray.rollout.workflow import EpisodeConfig
-from tests.rollout.test_workflow import InProcessApp
+from tests.rollout.test_tools import Raiser, Sleeper, with_ticks
+from tests.rollout.test_workflow import InProcessApp, _Method
 
 ROW = {"uid": "t1", "prompt": "4821+3907=", "answer": "8728", "verifier": "math", "pos": 3}
 N = 16
@@ -72,23 +75,26 @@ def test_tool_calls_run_and_their_results_are_tokens_out_of_the_loss(tools_model
         assert torch.allclose(tf[model_pos], torch.tensor(s.logprobs)[model_pos], atol=1e-4)
 
 
-class PushingCalculator(Calculator):
-    """The calculator, which also starts a weight push as version 1 that lands while the
-    next turn is generating (once it has produced a few tokens)."""
+class CountingCalculator(Calculator):
+    """The calculator, counting its calls (it runs in a tool thread, off the episode's loop)."""
 
-    def __init__(self, engine, state):
-        self.engine, self.state, self.task = engine, state, None
-
-    async def push_when_generating(self):
-        start = self.engine.load()["tokens"]
-        while self.engine.load()["running"] == 0 or self.engine.load()["tokens"] < start + 4:
-            await asyncio.sleep(0.001)
-        await self.engine.update_weights(self.state, version=1, mode="abort")
+    def __init__(self):
+        self.calls = 0
 
     async def call(self, arguments):
-        if self.task is None:
-            self.task = asyncio.ensure_future(self.push_when_generating())
+        self.calls += 1
         return await super().call(arguments)
+
+
+async def push_during_the_turn_after_a_call(engine, state, calc):
+    """A weight push as version 1 that lands while the turn after the first tool call is
+    generating (once it has produced a few tokens)."""
+    while not calc.calls:
+        await asyncio.sleep(0.001)
+    start = engine.load()["tokens"]
+    while engine.load()["running"] == 0 or engine.load()["tokens"] < start + 4:
+        await asyncio.sleep(0.001)
+    await engine.update_weights(state, version=1, mode="abort")
 
 
 def test_versions_survive_turns_and_an_interrupted_turn(tools_model):
@@ -98,9 +104,16 @@ def test_versions_survive_turns_and_an_interrupted_turn(tools_model):
     new = {k: v * 1.02 for k, v in old.items()}
     flow = ToolWorkflow(EpisodeConfig(N, 24, 1.0), tools=["calculator"], max_turns=3,
                         max_total_tokens=64)
-    pusher = flow.tools["calc"] = PushingCalculator(engine, new)
-    group = run_episode(engine, flow)
-    assert pusher.task is not None and pusher.task.done()
+    calc = flow.tools["calc"] = CountingCalculator()
+
+    async def scenario():
+        push = asyncio.ensure_future(push_during_the_turn_after_a_call(engine, new, calc))
+        group = await flow.arun_episode(EngineClient(InProcessApp(engine)), ROW)
+        pushed = push.done()
+        push.cancel()
+        return group, pushed
+    group, pushed = asyncio.run(scenario())
+    assert pushed and calc.calls
     assert engine.get_version() == 1
     interrupted = [s for s in group.samples if 0 in s.versions and 1 in s.versions]
     assert interrupted, "some sample generated on both sides of the push"
@@ -116,3 +129,76 @@ def test_versions_survive_turns_and_an_interrupted_turn(tools_model):
         tf_old = teacher_forced(engine.model, s, engine.pad_id)
         older = [i for i, v in enumerate(s.versions) if v == 0]
         assert torch.allclose(tf_old[older], torch.tensor(s.logprobs)[older], atol=1e-4)
+
+
+class ScriptedApp:
+    """The rollout app's handle over a "model" that writes `turns[k]` as its k-th turn,
+    one character a token (id = ord), stopping at a stop id as an engine does. A tool
+    result ends with a newline (result_format "={}\\n"), so the newlines of the output
+    tell the turn, and what follows the last one is what the turn wrote so far."""
+
+    def __init__(self, prompt: str, turns: list[str]):
+        self.prompt, self.turns = prompt, turns
+        self.encode = _Method(self._encode)
+        self.decode_batch = _Method(self._decode_batch)
+        self.generate_batch = _Method(self._generate_batch)
+
+    async def _encode(self, text):
+        return [ord(c) for c in text]
+
+    async def _decode_batch(self, ids):
+        return ["".join(map(chr, x)) for x in ids]
+
+    def _next(self, ids, budget, stop_ids):
+        out = "".join(map(chr, ids))[len(self.prompt):]
+        turn = out.count("\n")
+        rest = self.turns[turn][len(out.rsplit("\n", 1)[-1]):] if turn < len(self.turns) else ""
+        text = ""
+        for c in rest[:budget]:
+            text += c
+            if ord(c) in stop_ids:
+                break
+        at_stop = bool(text) and ord(text[-1]) in stop_ids
+        reason = "stop" if at_stop or text == rest else "length"  # the turn's end: EOS
+        return {"output_ids": [ord(c) for c in text], "logprobs": [-0.1] * len(text),
+                "versions": [0] * len(text), "stop_reason": reason}
+
+    async def _generate_batch(self, ids_list, budgets, temperature, ignore_eos=False, stop_ids=(),
+                              seeds=None):
+        await asyncio.sleep(0)
+        return [self._next(ids, n, set(stop_ids)) for ids, n in zip(ids_list, budgets)]
+
+
+# (the model's tool call, the tool to add, the start of the result it gets)
+FAULTS = {
+    "huge": ("calc((9**64)**64*(9**64)**64)", None, "error: the result would be larger"),
+    "tower": ("calc((((9**64)**64)**64)**64)", None, "error: the result would be larger"),
+    "inf": ("calc(1e308*10)", None, "error: the result is not a finite number (inf)"),
+    "raises": ("raiser(1)", Raiser(RuntimeError("kaput")), "error: raiser failed: RuntimeError: kaput"),
+    "hangs": ("sleeper(1)", Sleeper(), "error: sleeper timed out after 0.5 s"),
+    "fine": ("calc(4821+3907)", None, "8728"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_tool_call_never_crashes_or_stalls_the_episode(fault):
+    call, tool, want = FAULTS[fault]
+    turns = [call, "so the answer is 42."]
+    flow = ToolWorkflow(EpisodeConfig(3, 40, 1.0), tools=["calculator"], max_turns=3,
+                        max_total_tokens=200, tool_timeout_s=0.5)
+    if tool is not None:
+        flow.tools[tool.name] = tool
+    client = EngineClient(ScriptedApp(ROW["prompt"], turns))
+    try:
+        group, gap = asyncio.run(with_ticks(flow.arun_episode(client, ROW)))
+    finally:
+        if isinstance(tool, Sleeper):
+            tool.release.set()
+    assert gap < 0.2, f"the event loop stalled for {gap:.2f} s"
+    assert len(group.samples) == 3
+    for s in group.samples:
+        head, result = s.text[:len(call)], s.text[len(call):].split("\n", 1)[0]
+        assert head == call and result.startswith("=" + want)
+        assert s.text == f"{call}{result}\n{turns[1]}"  # the episode went on
+        assert (s.n_turns, s.tool_calls, s.stop_reason) == (2, 1, "stop")
+        assert s.loss_mask == [1] * len(call) + [0] * (len(result) + 1) + [1] * len(turns[1])
