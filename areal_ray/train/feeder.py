@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from areal_ray.rollout.workflow import is_abandoned
 from areal_ray.types import Group
 
 _DONE = object()
@@ -67,6 +68,7 @@ class StepBatch:
     groups: list[Group]  # the step's B accepted groups, in ticket order
     rejected: list[int]  # prompt positions of the groups the filter dropped on the way
     wait_s: float
+    abandoned: int = 0  # of the rejected: rows whose episode passed rollout.episode_timeout_s
 
 
 class StepAssembler:
@@ -103,11 +105,11 @@ class StepAssembler:
                 if g.ticket < self.cursor or g.ticket in self.buffer:
                     raise RuntimeError(f"ticket {g.ticket} delivered twice")
                 self.buffer[g.ticket] = g
-                fresh[g.ticket] = (self.accept(g), g.pos)
+                fresh[g.ticket] = (self.accept(g), g.pos, is_abandoned(g))
             views = self._gather((fresh, self.feeder.exhausted))
             for part, _ in views:
                 self._verdicts.update(part)
-            newly = [t for part, _ in views for t, (ok, _) in part.items() if not ok]
+            newly = [t for part, _ in views for t, (ok, *_) in part.items() if not ok]
             if newly and self.on_reject is not None:
                 self.on_reject(len(newly))
             take, drop, t = [], [], self.cursor
@@ -123,7 +125,8 @@ class StepAssembler:
                     "rejected by the rollout workflow"
                     + ("; raise algo.dynamic_filter.prompt_factor)" if drop else ")"))
         self.cursor = t
-        rejected = [self._verdicts.pop(d)[1] for d in drop]
+        dropped = [self._verdicts.pop(d) for d in drop]
+        rejected = [v[1] for v in dropped]
         for d in drop:
             self.buffer.pop(d, None)
         for k in take:
@@ -131,4 +134,5 @@ class StepAssembler:
         mine = [self.buffer.pop(k) for k in take if k in self.buffer]
         if self.distributed:
             mine = [g for part in self._gather(mine) for g in part]
-        return StepBatch(sorted(mine, key=lambda g: g.ticket), rejected, time.perf_counter() - t0)
+        return StepBatch(sorted(mine, key=lambda g: g.ticket), rejected, time.perf_counter() - t0,
+                         sum(v[2] for v in dropped))

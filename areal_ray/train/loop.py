@@ -238,6 +238,7 @@ def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: 
         "tickets": [g.ticket for g in groups], "positions": [g.pos for g in groups],
         "informative_groups": sum(informative(g) for g in groups),
         "filtered_positions": batch.rejected,
+        "abandoned_episodes": batch.abandoned,
         "admitted_versions": [g.admitted_version for g in groups],
         "resubmits": sum(s.n_resubmits for s in samples),
         # multi-turn workflows: how often the policy called a tool, and the tokens tools

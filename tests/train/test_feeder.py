@@ -59,3 +59,18 @@ def test_a_duplicated_ticket_is_an_error(ray_cluster):
     asm = StepAssembler(ShardFeeder(it), batch_groups=2, distributed=False)
     with pytest.raises(RuntimeError, match="twice"):
         asm.next_step(0)
+
+
+def test_abandoned_episodes_are_counted_among_the_rejected(ray_cluster):
+    """A row whose episode passed rollout.episode_timeout_s arrives as an empty group
+    marked abandoned: rejected like any other, and counted apart in the step."""
+    from areal_ray.rollout.workflow import ABANDONED
+    from areal_ray.train.loop import has_samples
+    items = rows([0, 2, 3])
+    late = Group(1, "u1", "p", "1", "math", 0, [], pos=101)
+    late.meta[ABANDONED] = 1800.0
+    it = ray.data.from_items(items + [late.to_row()], override_num_blocks=4).iterator()
+    asm = StepAssembler(ShardFeeder(it), batch_groups=3, distributed=False, accept=has_samples)
+    step = asm.next_step(0)
+    assert [g.ticket for g in step.groups] == [0, 2, 3]
+    assert step.rejected == [101] and step.abandoned == 1
