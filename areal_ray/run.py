@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from areal_ray.cluster.attention import check_attention
 from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
                                          deploy_app, train_start_problem)
-from areal_ray.config import Config, ConfigError
+from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
@@ -42,7 +42,9 @@ from areal_ray.interrupt import RunInterrupted, StopOnInterrupt, in_worker_threa
 from areal_ray.progress import StepProgress
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.tracking import RunTracker, lineage, read_events
-from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_trainer_state, save_hf
+from areal_ray.resume import check_resume_config
+from areal_ray.train.checkpoint import (checkpoint_dirs, latest_checkpoint, nothing_to_resume,
+                                        read_trainer_state, save_hf)
 from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.utilization import length_stats, rollout_idle, steady_state
@@ -245,10 +247,9 @@ def run_training(cfg: Config) -> dict:
     held_out = eval_rows(cfg.task, verifiers)
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     resume = cfg.run.resume
-    if resume and not checkpoint_dirs(run_dir / TRAIN_DIR):
-        raise ConfigError(f"run.resume: {run_dir} has no checkpoint to resume from "
-                          "(train.checkpoint_every must be > 0 in the run to resume)")
-    if not resume and checkpoint_dirs(run_dir / TRAIN_DIR):
+    if resume:
+        check_resume(cfg, run_dir)
+    elif checkpoint_dirs(run_dir / TRAIN_DIR):
         raise ConfigError(f"{run_dir} already holds checkpoints of a run: pass run.resume=true "
                           "to continue it, or choose another run.run_dir")
     replay_dir = check_replay(cfg)
@@ -369,6 +370,18 @@ def start_rollout_app(cfg: Config, model_path: str, driver_name: str, namespace:
         serve.start(proxy_location="Disabled")
         deploy_app(app, app_name, cfg.run.placement_timeout_s)
     return serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app_name)
+
+
+def check_resume(cfg: Config, run_dir: Path) -> None:
+    """Before the cluster is touched: a resume needs a checkpoint that verifies, and a
+    config that agrees with the run's on what the checkpoint refers to (resume.py)."""
+    if (why := nothing_to_resume(run_dir / TRAIN_DIR)) is not None:
+        raise ConfigError(f"run.resume: {why} (train.checkpoint_every must be > 0 in the run "
+                          "to resume)")
+    changes = check_resume_config(run_dir, to_dict(cfg), cfg.run.resume_allow_changes)
+    for key, (old, new) in changes.items():
+        print(f"[areal-ray] resuming with {key} changed: {old!r} -> {new!r} "
+              "(run.resume_allow_changes)", flush=True)
 
 
 def driver_lost(driver_name: str, cfg: Config, run_dir: Path) -> str:

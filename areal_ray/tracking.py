@@ -20,6 +20,7 @@ from mlflow.entities import Metric
 
 from areal_ray.config import Config, to_dict
 from areal_ray.plots import plot_curves
+from areal_ray.resume import write_config_record
 
 
 def default_tracking_uri(root: str | Path = "mlruns") -> str:
@@ -78,7 +79,8 @@ def read_events(path: Path) -> list[dict]:
 class RunTracker:
     """steps.jsonl is the run's log: step records, and a restore marker each time the
     trainer restarts from a checkpoint (steps after it may appear twice; `lineage`
-    gives the surviving ones). A resumed run appends to it and to the same MLflow run."""
+    gives the surviving ones). A resumed run appends to it and to the same MLflow run,
+    and keeps its config next to the earlier jobs' (areal_ray/resume.py)."""
 
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False):
         self.cfg = cfg
@@ -87,7 +89,7 @@ class RunTracker:
         self.steps_path = run_dir / "steps.jsonl"
         if not resume:
             self.steps_path.write_text("")
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        self.config_path = write_config_record(run_dir, to_dict(cfg), resume)
         uri = use_experiment(cfg)
         id_file = run_dir / "mlflow_run_id"
         if resume and id_file.exists():  # params are immutable in MLflow: keep the first ones
@@ -131,8 +133,9 @@ class RunTracker:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         mlflow.log_metrics({k: float(v) for k, v in summary.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        for p in [self.steps_path, self.run_dir / "summary.json", self.run_dir / "config.json",
-                  self.run_dir / "curves.png"]:
+        for p in dict.fromkeys([self.steps_path, self.run_dir / "summary.json",
+                                self.run_dir / "config.json", self.config_path,
+                                self.run_dir / "curves.png"]):
             if os.path.exists(p):
                 mlflow.log_artifact(str(p))
         mlflow.end_run()

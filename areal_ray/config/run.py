@@ -8,6 +8,28 @@ from dataclasses import dataclass
 
 from areal_ray.config.section import opt, require
 
+# What a resumed job may not change without `run.resume_allow_changes`, and why: a
+# checkpoint's consumed prompt positions, weights and optimizer state only mean what
+# they meant under these values. Keys left out (algo.eta, train.steps, workers,
+# rollout and reward settings, eval) change how the run goes on, not what its
+# checkpoint refers to.
+_DATA = "decides which prompt a consumed stream position names"
+_OPTIM = "restored from the checkpoint's optimizer and scheduler state: the new value would not take effect"
+RESUME_GUARDED: dict[str, str] = {
+    "train.seed": "seeds the trainer and the per-request sampling seeds",
+    **{f"task.{k}": _DATA for k in ("train_path", "seed", "shuffle_window", "embedded",
+                                    "prompt_template", "answer_field", "answer_pattern",
+                                    "max_steps_per_problem", "chain_p_stop")},
+    "model.path": "the checkpoint's weights and optimizer state are this model's",
+    "model.dtype": "the checkpoint's weights and optimizer state are in this dtype",
+    "algo.batch_groups": "the checkpoint's ticket count is in steps of this many groups",
+    "rollout.group_size": "what one trained group is (samples per prompt)",
+    "algo.adv.estimator": "the checkpoint holds a critic only under gae",
+    **{k: _OPTIM for k in ("algo.optim.lr", "algo.optim.weight_decay", "algo.critic.lr")},
+    **{f"algo.optim.{k}": "the learning-rate curve the checkpoint is a point on"
+       for k in ("lr_schedule", "lr_warmup_steps")},
+}
+
 
 @dataclass(kw_only=True)
 class RunConfig:
@@ -24,7 +46,9 @@ class RunConfig:
     check_placement: bool = opt(True, "before deploying, refuse a run whose replicas, trainer workers and reward actors cannot fit the cluster's nodes (and, with train.gpu_memory_gib, a GPU shared by an engine and a trainer that lacks memory for both); off for an autoscaling cluster that adds nodes on demand (the placement deadline still holds)")
     placement_timeout_s: float = opt(600.0, "deadline for the rollout replicas and the trainer workers to be placed on the cluster; past it the job fails naming what could not be placed (an autoscaling cluster may need longer to add nodes)")
     push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")
-    resume: bool = opt(False, "continue the run in run.run_dir from its last checkpoint")
+    resume: bool = opt(False, "continue the run in run.run_dir from its newest complete checkpoint (a damaged one is skipped with a warning)")
+    resume_allow_changes: list[str] = opt([], "keys a resume may change although they decide what the checkpoint refers to (data, model, optimizer; the list is RESUME_GUARDED in areal_ray/config/run.py), e.g. [train.seed]; a change not listed is refused, and each resumed job's config is kept as <run_dir>/config.resume-<n>.json")
+    keep_checkpoints: int = opt(3, "complete checkpoints kept: older ones are deleted once a newer one is complete (the newest is always kept); 0: keep all")
     deterministic: bool = opt(False, "reproducible generation: per-request sampling seeds from train.seed, prompts admitted in stream order, the hf engine's batch-invariant layout; bit-identical runs at algo.eta=0 (docs/reproducibility.md)")
     record_batches: bool = opt(True, "write every step's groups (positions, seeds, token ids, logprobs, versions, rewards) to <run_dir>/batches/, which run.replay retrains")
     replay: str = opt("", "a recorded run's dir: retrain exactly its steps' batches, in order, without generation (docs/reproducibility.md)")
@@ -34,3 +58,7 @@ class RunConfig:
         require(self.placement_timeout_s > 0, "run.placement_timeout_s must be > 0")
         require(not self.resume or bool(self.run_dir), "run.resume needs run.run_dir (the run to continue)")
         require(self.log_model or not self.register_model, "run.register_model needs run.log_model=true")
+        require(self.keep_checkpoints >= 0, "run.keep_checkpoints must be >= 0 (0: keep all)")
+        unknown = [k for k in self.resume_allow_changes if k not in RESUME_GUARDED]
+        require(not unknown, f"run.resume_allow_changes: {unknown} are not keys a resume refuses to "
+                             f"change; those are {sorted(RESUME_GUARDED)}")

@@ -14,6 +14,8 @@ A checkpoint taken after step t (policy version v = t + 1) is one directory:
                        positions: what the staleness gate and the pipeline need to
                        continue exactly, with no prompt trained twice (`trainer_state`)
   rng_rank{r}.pt       torch and Python RNG state of every rank
+  complete.json        written last, by rank 0, once every rank's files are in place:
+                       the version, and every file's size (and sha256 up to 1 MiB)
 
 The first version gathered the whole optimizer state on rank 0 (`optimizer.pt`): at
 7B that is 56 GB of fp32 moments through one process. Now nothing but the HF export
@@ -24,12 +26,31 @@ Every rank calls `save_checkpoint` (DCP's save is collective) and reports its pa
 with `ray.train.report`; Ray Train puts the parts in one directory under
 `<run_dir>/train/` and hands the latest back through `ray.train.get_checkpoint()`
 after a worker-group restart, or to a new job that reuses the run dir (`run.resume`).
+
+Nothing in a checkpoint directory is trusted for being there. A save killed half-way
+leaves files that exist but are short, so a checkpoint counts only when its marker
+says it was completed and every file still matches it (`inspect_checkpoint`); the
+lookups skip any other one with a warning naming it and why, and fall back to the
+newest good one. Everything is read without running pickled code: `torch.load` with
+`weights_only=True`, and DCP's pickled metadata and non-tensor values are checked
+against what DCP writes before torch reads them (`SafeReader`, `SafePlanner`).
+
+`run.keep_checkpoints` bounds how many complete checkpoints stay: once a new one is
+sealed, older complete ones are emptied down to a `pruned.json` tombstone. The
+directory itself stays because Ray Train's run snapshot lists every reported
+checkpoint, and a resumed job refuses to start when one of them is gone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import logging
+import os
+import pickle
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -37,13 +58,22 @@ import ray.train
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from areal_ray.task.tokenizer import load_tokenizer
 
 STATE_FILE = "trainer_state.json"
+MARKER = "complete.json"
+PRUNED = "pruned.json"
+HASHED_MAX_BYTES = 1 << 20  # files up to this size are hashed as well as sized
+PRUNED_REASON = "pruned (run.keep_checkpoints)"
+REQUIRED = (STATE_FILE, "state/.metadata", "scheduler.pt")  # whatever else a checkpoint holds
+
+logger = logging.getLogger(__name__)
 
 
 def _distributed() -> bool:
@@ -51,8 +81,58 @@ def _distributed() -> bool:
 
 
 def _load(path: Path):
-    """A saved state on the CPU, whichever device wrote it."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """A saved state on the CPU, whichever device wrote it; tensors and plain values
+    only, so a planted file cannot run code."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# DCP's `.metadata` is a plain pickle: the globals it names are its own dataclasses
+# and enums, torch sizes, dtypes and layouts, and the checkpoint's path.
+_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                     ("collections", "OrderedDict"), ("pathlib", "Path"),
+                     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
+
+
+def metadata_global_allowed(module: str, name: str) -> bool:
+    """Whether DCP metadata may name `module.name`: never a function that could run
+    code (os.system, eval, ...)."""
+    if (module, name) in _METADATA_GLOBALS:
+        return True
+    if module == "torch":
+        return isinstance(getattr(torch, name, None), torch.dtype)
+    if module == dcp_metadata.__name__:
+        return isinstance(getattr(dcp_metadata, name, None), type)
+    return False
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if not metadata_global_allowed(module, name):
+            raise pickle.UnpicklingError(
+                f"checkpoint metadata names {module}.{name}, which DCP does not write: refused")
+        return super().find_class(module, name)
+
+
+class SafeReader(FileSystemReader):
+    """DCP's reader, but its metadata pickle is first read by an unpickler that only
+    knows DCP's own types; torch then reads it as usual."""
+
+    def read_metadata(self, *args, **kwargs):
+        with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            _MetadataUnpickler(f).load()
+        return super().read_metadata(*args, **kwargs)
+
+
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's planner, but a non-tensor value (the optimizer's param_groups) is first
+    read with `weights_only=True`, which refuses anything but plain values; torch's
+    own read of it follows."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        torch.load(io.BytesIO(value.getvalue()), weights_only=True)
+        value.seek(0)
+        super().load_bytes(read_item, value)
 
 
 def _trained(models) -> list[tuple[str, object, object]]:
@@ -79,7 +159,7 @@ def save_sharded(models, path: Path) -> None:
 def load_sharded(models, path: Path) -> None:
     """Every rank: fill the models and optimizers from `path`, re-sharded to this world."""
     state = sharded_state(models)
-    dcp.load(state, storage_reader=FileSystemReader(str(path)))
+    dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner())
     for name, model, opt in _trained(models):
         set_state_dict(model, opt, model_state_dict=state[name]["model"],
                        optim_state_dict=state[name]["optim"])
@@ -98,8 +178,10 @@ def save_hf(weights: dict, model_src: str, out: Path) -> Path:
 
 
 def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
-                    hf_model: bool = True) -> None:
-    """Every rank: `weights` is the policy's full state dict (filled on rank 0 only)."""
+                    hf_model: bool = True, keep: int = 0) -> None:
+    """Every rank: `weights` is the policy's full state dict (filled on rank 0 only).
+    Once every rank's part is in storage, rank 0 seals the checkpoint and prunes the
+    complete ones beyond the `keep` newest (0: none)."""
     rank = dist.get_rank() if _distributed() else 0
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -111,11 +193,93 @@ def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
                 save_hf(weights, model_src, d / "model")
             torch.save(models.sched.state_dict(), d / "scheduler.pt")
             (d / STATE_FILE).write_text(json.dumps(trainer_state))
+        written = manifest(d)
         ray.train.report({"version": trainer_state["version"]},
                          checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+    if _distributed():  # also a barrier: every rank's upload has returned
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, written)
+        written = {k: v for part in parts for k, v in part.items()}
+    if rank == 0:
+        saved = ray.train.get_checkpoint()
+        if saved is None or not _unsealed(Path(saved.path), trainer_state):
+            return  # Ray Train skipped this report (a worker failed): nothing to seal
+        seal(Path(saved.path), trainer_state["version"], written)
+        try:
+            prune_checkpoints(Path(saved.path).parent, keep, protect=Path(saved.path))
+        except OSError as e:  # disk space is not worth the run
+            logger.warning("could not prune old checkpoints: %s", e)
 
 
-REQUIRED = (STATE_FILE, "state/.metadata", "scheduler.pt")
+def _unsealed(d: Path, state: dict) -> bool:
+    """Whether `d` is the checkpoint of `state` and still lacks its marker."""
+    try:
+        return not (d / MARKER).exists() and read_trainer_state(d) == state
+    except (OSError, ValueError):
+        return False
+
+
+def file_entry(path: Path) -> dict:
+    """What the marker records of a file: its size, and for a small one its sha256
+    (cheap, and it catches a rewritten trainer_state.json of the same length)."""
+    size = path.stat().st_size
+    entry = {"size": size}
+    if size <= HASHED_MAX_BYTES:
+        entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return entry
+
+
+def manifest(d: Path) -> dict[str, dict]:
+    """Every file under `d` (relative path -> `file_entry`), the marker's own aside."""
+    return {p.relative_to(d).as_posix(): file_entry(p) for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name not in (MARKER, PRUNED, f".{MARKER}.tmp")}
+
+
+def files_problem(d: Path, files: dict[str, dict]) -> str | None:
+    """How the files under `d` differ from `files` (a `manifest`), or None."""
+    for rel, want in files.items():
+        p = d / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        size = p.stat().st_size
+        if size != want["size"]:
+            return f"{rel} has {size} bytes, {want['size']} were written (truncated?)"
+        if "sha256" in want and file_entry(p).get("sha256") != want["sha256"]:
+            return f"{rel} is not what was written (its sha256 differs)"
+    return None
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_marker(d: Path, version: int, files: dict[str, dict]) -> None:
+    """The completion marker, whole or not at all: written aside, synced, renamed."""
+    tmp = d / f".{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"version": version, "files": files}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, d / MARKER)
+    _fsync_dir(d)
+
+
+def seal(d: Path, version: int, written: dict[str, dict]) -> None:
+    """Mark `d` complete, once what reached storage is what the ranks wrote."""
+    missing = [f for f in REQUIRED if f not in written]
+    problem = f"no {', '.join(missing)} was written" if missing else files_problem(d, written)
+    if problem:
+        raise RuntimeError(f"checkpoint {d} was not stored whole: {problem}")
+    write_marker(d, version, written)
 
 
 def checkpoint_dirs(root: str | Path) -> list[Path]:
@@ -123,22 +287,93 @@ def checkpoint_dirs(root: str | Path) -> list[Path]:
     return sorted(p for p in Path(root).glob("checkpoint_*") if p.is_dir())
 
 
+def inspect_checkpoint(d: Path) -> tuple[int | None, str | None]:
+    """(version, None) for a checkpoint that can be resumed from; (None, why) else."""
+    if (d / PRUNED).exists():
+        return None, PRUNED_REASON
+    if not (d / MARKER).is_file():
+        return None, f"no {MARKER}: its save did not finish (or predates completion markers)"
+    try:
+        marker = json.loads((d / MARKER).read_text())
+        version, files = int(marker["version"]), dict(marker["files"])
+    except (ValueError, KeyError, TypeError) as e:
+        return None, f"unreadable {MARKER} ({type(e).__name__}: {e})"
+    missing = [f for f in REQUIRED if f not in files]
+    problem = f"{MARKER} lists no {', '.join(missing)}" if missing else files_problem(d, files)
+    return (None, problem) if problem else (version, None)
+
+
+def scan_checkpoints(root: str | Path, reported=None) -> tuple[list[tuple[int, Path]],
+                                                                list[tuple[Path, str]]]:
+    """The checkpoints under `root` (and Ray Train's `reported` one): the good ones as
+    (version, dir), oldest first, and the others as (dir, why)."""
+    candidates = checkpoint_dirs(root)
+    if reported is not None and Path(reported.path).is_dir():
+        candidates.append(Path(reported.path))
+    good, bad, seen = [], [], set()
+    for d in candidates:
+        if d.resolve() in seen:
+            continue
+        seen.add(d.resolve())
+        version, why = inspect_checkpoint(d)
+        if why is None:
+            good.append((version, d))
+        else:
+            bad.append((d, why))
+    return sorted(good, key=lambda vd: (vd[0], vd[1].name)), bad
+
+
 def latest_checkpoint(root: str | Path, reported=None) -> Path | None:
     """The complete checkpoint with the highest version under `root`, or Ray Train's
-    `reported` one if it is as new. Scanning the storage as well matters: Ray Train
-    registers a report only when its controller next polls the worker, so a worker
-    killed shortly after saving can leave a newer checkpoint on disk than the one
-    `ray.train.get_checkpoint()` returns after the restart."""
-    best, best_version = None, -1
-    candidates = checkpoint_dirs(root)
-    if reported is not None:
-        candidates.append(Path(reported.path))
-    for d in candidates:
-        if all((d / f).exists() for f in REQUIRED):
-            version = read_trainer_state(d)["version"]
-            if version > best_version:
-                best, best_version = d, version
-    return best
+    `reported` one if it is as new; a damaged one is skipped with a warning. Scanning
+    the storage as well matters: Ray Train registers a report only when its controller
+    next polls the worker, so a worker killed shortly after saving can leave a newer
+    checkpoint on disk than the one `ray.train.get_checkpoint()` returns after the
+    restart."""
+    good, bad = scan_checkpoints(root, reported)
+    for d, why in bad:
+        if why != PRUNED_REASON:
+            logger.warning("skipping checkpoint %s: %s", d, why)
+    return good[-1][1] if good else None
+
+
+def nothing_to_resume(root: str | Path) -> str | None:
+    """Why no checkpoint under `root` can be resumed from (each candidate's problem),
+    or None when one can."""
+    good, bad = scan_checkpoints(root)
+    if good:
+        return None
+    if not bad:
+        return f"{root} has no checkpoint to resume from"
+    return (f"no checkpoint in {root} can be resumed from: "
+            + "; ".join(f"{d.name}: {why}" for d, why in bad))
+
+
+def prune_checkpoints(root: str | Path, keep: int, protect: Path | None = None) -> list[Path]:
+    """Empty the complete checkpoints beyond the `keep` newest (0: keep all) down to a
+    tombstone; never `protect` (the one just sealed), never one that is incomplete (it
+    may be being written, or be evidence). The pruned dirs."""
+    if keep <= 0:
+        return []
+    good, _ = scan_checkpoints(root)
+    doomed = [d for _, d in good[:-keep] if protect is None or d.resolve() != protect.resolve()]
+    for d in doomed:
+        tombstone(d)
+    return doomed
+
+
+def tombstone(d: Path) -> None:
+    """Leave only `pruned.json` in `d`: written first, so a prune cut short leaves a
+    directory every lookup already ignores."""
+    (d / PRUNED).write_text(json.dumps({"pruned": True}))
+    (d / MARKER).unlink(missing_ok=True)
+    for p in d.iterdir():
+        if p.name == PRUNED:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def trainer_state(version: int, next_ticket: int, batch_groups: int,

@@ -210,7 +210,8 @@ def train_loop_per_worker(config: dict) -> None:
         if every and ((step + 1) % every == 0 or stop):
             save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
                                                       consumed),
-                            config["model_path"], cfg.train.checkpoint_hf_model)
+                            config["model_path"], cfg.train.checkpoint_hf_model,
+                            keep=cfg.run.keep_checkpoints)
         if dist.is_initialized():
             dist.barrier()
         if stop:

@@ -17,7 +17,7 @@ from areal_ray.config import ConfigError, load_config
 from areal_ray.interrupt import RunInterrupted
 from areal_ray.run import run_training
 from areal_ray.tracking import lineage, read_events
-from areal_ray.train.checkpoint import latest_checkpoint
+from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 B, GROUP = 4, 4
 
@@ -93,10 +93,32 @@ def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path
     first = run_training(config(embedded_model, run_dir, db, "train.steps=2", "algo.eta=0"))
     with pytest.raises(ConfigError, match="run.resume=true"):
         run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0"))
+    first_config = (run_dir / "config.json").read_text()
+    # what the checkpoint's positions mean: refused before Ray is touched, config.json kept
+    with pytest.raises(ConfigError, match=r"task.seed: 0 -> 5 .*run.resume_allow_changes=\[task.seed\]"):
+        run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0",
+                            "run.resume=true", "task.seed=5"))
+    assert (run_dir / "config.json").read_text() == first_config
 
     # two FSDP workers now: DCP re-shards the one worker's model and optimizer state
     second = run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0",
-                                 "run.resume=true", "train.num_workers=2"))
+                                 "run.resume=true", "train.num_workers=2", "run.keep_checkpoints=1"))
+    assert (run_dir / "config.json").read_text() == first_config
+    assert json.loads((run_dir / "config.resume-1.json").read_text())["train"]["num_workers"] == 2
+    # the version-4 checkpoint, sealed once both ranks' parts were stored, pruned the first
+    dirs = checkpoint_dirs(run_dir / "train")  # not Ray Train's checkpoint_manager_snapshot.json
+    sealed = [d for d in dirs if (d / "complete.json").exists()]
+    assert len(dirs) == 2 and sealed == [latest_checkpoint(run_dir / "train")]
+    marker = json.loads((sealed[0] / "complete.json").read_text())
+    assert marker["version"] == 4 and {"state/__0_0.distcp", "state/__1_0.distcp", "rng_rank1.pt",
+                                       "model/model.safetensors"} <= set(marker["files"])
+    assert [p.name for p in (set(dirs) - set(sealed)).pop().iterdir()] == ["pruned.json"]
+    # what a third job's Ray Train controller does first: check every checkpoint its run
+    # snapshot lists is still there (a deleted one would stop the job)
+    from ray.train import CheckpointConfig
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import CheckpointManager
+    from ray.train.v2._internal.execution.storage import StorageContext
+    CheckpointManager(CheckpointConfig(), StorageContext(str(run_dir), "train"))
     recs = check_lineage(run_dir, 4, eta=0)
     assert all(r["admitted_versions"] == [r["step"]] * B for r in recs)  # still synchronous
     assert second["steps"] == 4 and second["resumed_at_step"] == 2
