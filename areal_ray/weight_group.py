@@ -133,6 +133,21 @@ class WeightGroup:
         return dist.TCPStore(host, port, None, is_master, datetime.timedelta(seconds=timeout_s),
                              wait_for_workers=False)
 
+    @staticmethod
+    def serve(host: str, timeout_s: float) -> tuple[dist.TCPStore, socket.socket]:
+        """(the rendezvous store, its listening socket) served on `host` only: the
+        socket is bound here and handed to the store, which would otherwise listen on
+        every address of the node. Keep the socket as long as the store."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(128)
+        store = dist.TCPStore(host, sock.getsockname()[1], None, True,
+                              datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                              master_listen_fd=sock.fileno())
+        return store, sock
+
     def _ready_key(self, rank: int) -> str:
         return f"ready-{self.transfers}-{rank}"
 

@@ -292,3 +292,22 @@ def test_a_gloo_group_has_nothing_to_connect():
     store = torch.distributed.HashStore()
     group = WeightGroup(store, 1, 0, 1, timeout_s=5)
     assert group.connected and group.send(iter(()), [], 1 << 20)["bytes"] == 0
+
+
+def test_the_rendezvous_store_listens_on_the_given_address_only():
+    """The weight group's store is served on the node's address, not on every address
+    of the node (a shared cluster's other tenants reach 0.0.0.0)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from areal_ray.weight_group import WeightGroup
+    store, sock = WeightGroup.serve("127.0.0.1", 10)
+    try:
+        assert sock.getsockname()[0] == "127.0.0.1"
+        client = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, False,
+                               datetime.timedelta(seconds=10), wait_for_workers=False)
+        client.set("k", "v")
+        assert store.get("k") == b"v"
+    finally:
+        sock.close()

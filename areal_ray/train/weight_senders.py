@@ -36,7 +36,7 @@ import torch
 
 from areal_ray.config import WeightsConfig
 from areal_ray.train.fsdp import full_state_dict
-from areal_ray.weight_group import WeightGroup, free_port
+from areal_ray.weight_group import WeightGroup
 from areal_ray.weight_payloads import DiskPayload, WeightPayload
 from areal_ray.weights import SharedMemoryWeights, manifest_of, put_state
 
@@ -173,11 +173,16 @@ class CollectiveSender:
         self.ctx = ctx
         self.fallback = ObjectStoreSender(ctx)
         self.group: WeightGroup | None = None
-        self.store = None
-        if ctx.rank == 0:  # rank 0 serves the group's rendezvous store
-            port = free_port()
-            self.store = WeightGroup.connect("0.0.0.0", port, ctx.cfg.timeout_s, is_master=True)
-            ray.get(ctx.driver.set_weight_store.remote(ray.util.get_node_ip_address(), port))
+        self.store = self._socket = None
+
+    def _serve_store(self) -> None:
+        """Rank 0 serves the group's rendezvous store on the node's address (not every
+        address), from the first push that takes this path."""
+        if self.store is None:
+            host = ray.util.get_node_ip_address()
+            self.store, self._socket = WeightGroup.serve(host, self.ctx.cfg.timeout_s)
+            port = self._socket.getsockname()[1]
+            ray.get(self.ctx.driver.set_weight_store.remote(host, port))
 
     def follow(self, model) -> None:
         for _ in iter_full(model):
@@ -206,6 +211,7 @@ class CollectiveSender:
                 yield t
 
         tensors = stream()
+        self._serve_store()
         plan = ray.get(driver.begin_push.remote(version, specs, cfg.bucket_mb << 20))
         if plan is None:  # no replica to send to: publish through the object store
             for _ in tensors:
@@ -233,7 +239,8 @@ class CollectiveSender:
         return weights, stats
 
     def close(self) -> None:
-        pass
+        if self._socket is not None:
+            self._socket.close()
 
 
 _SENDERS = {"object_store": ObjectStoreSender, "disk": DiskSender, "shm": ShmSender,
