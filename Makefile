@@ -31,6 +31,7 @@ tools: venv  ## tool-use RL: the tiny model learns to call a calculator (conf/to
 	$(PY) -m jobs.train --config conf/tools.yaml $(ARGS)
 
 test: venv  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
+	@command -v bwrap >/dev/null || echo "note: model-written code runs only isolated, by bubblewrap: apt-get install bubblewrap (.ci/run installs it); without it, tests that run code fail closed"
 	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
 	$(MAKE) test-contract
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from areal_ray.config.choices import Choice
 from areal_ray.config.section import opt, require
+
+
+class SandboxMode(Choice):
+    """How model-written code is isolated (areal_ray/reward/sandbox.py)."""
+    auto = "auto"  # the isolation this machine has (bubblewrap); refused without it
+    bwrap = "bwrap"  # bubblewrap; refused without it
+    rlimits = "rlimits"  # no isolation, resource limits only: an explicit opt-in
 
 
 @dataclass(kw_only=True)
@@ -18,6 +26,7 @@ class RewardConfig:
     code_timeout_s: float = opt(30.0, "wall-clock bound of one code check (all its tests)")
     code_time_limit_s: float = opt(2.0, "per-test wall and CPU limit of sandboxed code")
     code_memory_limit_mb: int = opt(512, "per-test address-space limit of sandboxed code")
+    sandbox: SandboxMode = opt(SandboxMode.auto, "isolation of model-written code (code rewards, the python tool): auto or bwrap = bubblewrap, required (Debian: apt-get install bubblewrap); rlimits = no network or filesystem isolation, resource limits only (an explicit opt-in)")
 
     def check(self) -> None:
         require(1 <= self.min_actors <= self.max_actors, "need 1 <= reward.min_actors <= reward.max_actors")

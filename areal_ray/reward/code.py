@@ -4,7 +4,9 @@ Tests use the LiveCodeBench / CodeContests format, `{"input": str, "output": str
 outputs are compared line by line with trailing whitespace ignored. The reward is
 1.0 only when every test passes. A timeout stops the run at that test (the rest count
 as failed), so a looping program costs one time limit, and a check at most
-`len(tests) * time_limit_s`. Each test is a fresh sandboxed process (sandbox.py).
+`len(tests) * time_limit_s`. Each test is a fresh sandboxed process (sandbox.py);
+`sandbox` is the mode of `reward.sandbox` (None: the sandbox's default, which fails
+closed). Without the isolation it asks for, nothing runs: `SandboxUnavailable`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from areal_ray.reward.sandbox import Limits, isolation, run_python
+from areal_ray.reward.sandbox import Limits, default_mode, isolation, run_python
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 MAX_CODE_CHARS = 100_000
@@ -51,14 +53,15 @@ def check_tests(tests: object) -> list[dict]:
 
 
 def run_tests(code: str, tests: list[dict], time_limit_s: float = 2.0,
-              memory_limit_mb: int = 512) -> CodeResult:
+              memory_limit_mb: int = 512, sandbox: str | None = None) -> CodeResult:
     tests = check_tests(tests)
     if not isinstance(code, str) or not code.strip():
         return CodeResult(0.0, 0, len(tests), "no code")
     if len(code) > MAX_CODE_CHARS:
         return CodeResult(0.0, 0, len(tests), f"code longer than {MAX_CODE_CHARS} chars")
     limits = Limits(wall_s=time_limit_s, cpu_s=max(1, int(time_limit_s + 0.999)),
-                    memory_mb=memory_limit_mb)
+                    memory_mb=memory_limit_mb, sandbox=sandbox or default_mode())
+    isolated = isolation(limits.sandbox)  # refused here, before any test runs
     passed, reason = 0, "all passed"
     for i, t in enumerate(tests):
         res = run_python(code, t["input"], limits)
@@ -71,23 +74,24 @@ def run_tests(code: str, tests: list[dict], time_limit_s: float = 2.0,
         if res.reason == "timeout":
             break
     reward = 1.0 if passed == len(tests) else 0.0
-    return CodeResult(reward, passed, len(tests), f"{reason} [{isolation()}]")
+    return CodeResult(reward, passed, len(tests), f"{reason} [{isolated}]")
 
 
 def code_reward(response: str, tests: list[dict], time_limit_s: float = 2.0,
-                memory_limit_mb: int = 512) -> CodeResult:
+                memory_limit_mb: int = 512, sandbox: str | None = None) -> CodeResult:
     code = extract_code(response) if isinstance(response, str) else None
     if code is None:
         return CodeResult(0.0, 0, len(check_tests(tests)), "no fenced code block")
-    return run_tests(code, tests, time_limit_s, memory_limit_mb)
+    return run_tests(code, tests, time_limit_s, memory_limit_mb, sandbox)
 
 
 class CodeChecker:
     """The built-in `code` verifier (reward/registry.py): `answer` is the JSON list of
-    tests; `opts` may set `time_limit_s` and `memory_limit_mb` per test."""
+    tests; `opts` may set `time_limit_s` and `memory_limit_mb` per test, and `sandbox`
+    (reward.sandbox)."""
 
     def check(self, text: str, answer: str, opts: dict | None = None) -> tuple[float, str]:
         opts = opts or {}
         res = code_reward(text, json.loads(answer), opts.get("time_limit_s", 2.0),
-                          opts.get("memory_limit_mb", 512))
+                          opts.get("memory_limit_mb", 512), opts.get("sandbox"))
         return res.reward, f"{res.passed}/{res.total} tests: {res.reason}"

@@ -3,13 +3,17 @@
 Each actor keeps one worker *process* and runs every check there with a deadline. A
 check that overruns (or kills its process) gets reward 0 with a reason, the worker
 process is terminated and replaced, and the run goes on: a checker can never stall
-or crash training. The pool itself is Ray Data's autoscaling actor pool
-(`ActorPoolStrategy(min_size, max_size)`), which grows with queued groups and shrinks when idle.
+or crash training. Nor poison it: a reward that is not a finite number (NaN, inf, not
+a number at all) is 0 with the reason, as a checker's exception is (`graded`). The
+pool itself is Ray Data's autoscaling actor pool (`ActorPoolStrategy(min_size,
+max_size)`), which grows with queued groups and shrinks when idle.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
 import multiprocessing as mp
 import time
 
@@ -18,6 +22,7 @@ import numpy as np
 from areal_ray.reward.registry import CheckerRegistry
 from areal_ray.types import Group
 
+logger = logging.getLogger(__name__)
 _registries: dict[tuple, CheckerRegistry] = {}  # per checker process, by extra checkers
 
 
@@ -34,13 +39,28 @@ def check(verifier: str, text: str, answer: str, opts: dict | None = None,
     return _registries[key].check(verifier, text, answer, opts)
 
 
-_REASON_KINDS = ("timeout", "died", "checker error", "no fenced code block", "no code",
-                 "output limit", "killed", "exit", "wrong answer", "all passed", "checked")
+_REASON_KINDS = ("non-finite", "timeout", "died", "checker error", "no fenced code block",
+                 "no code", "output limit", "killed", "exit", "wrong answer", "all passed", "checked")
 
 
 def reason_kind(reason: str) -> str:
     """A low-cardinality category of a reward reason, for per-step histograms."""
     return next((k for k in _REASON_KINDS if k in reason), reason[:40])
+
+
+def graded(value: object, verifier: str) -> tuple[float, str]:
+    """A checker's answer as (reward, reason); a bare reward reads as reason "checked".
+    A NaN or infinite reward would turn the group's advantages, the loss and then
+    every weight into NaN; so it is 0, with the reason, as is a reward that is not a
+    number."""
+    reward, reason = value if isinstance(value, tuple) and len(value) == 2 else (value, "checked")
+    try:
+        r = float(reward)
+    except (TypeError, ValueError):
+        return 0.0, f"checker error: the {verifier!r} checker's reward {reward!r:.60} is not a number"
+    if not math.isfinite(r):
+        return 0.0, f"non-finite reward {r} from the {verifier!r} checker ({reason})"
+    return r, str(reason)
 
 
 def _serve(conn, fn) -> None:
@@ -104,8 +124,7 @@ class TimedChecker:
             self._kill()
             return 0.0, f"checker process died ({type(e).__name__})"
         if kind == "ok":
-            reward, reason = value if isinstance(value, tuple) else (value, "checked")
-            return float(reward), reason
+            return graded(value, verifier)
         return 0.0, f"checker error: {value}"
 
     def warm(self, timeout_s: float = 60.0) -> None:
@@ -147,10 +166,13 @@ class RewardStage:
             group = Group.from_row({"ticket": int(ticket), "group": blob})
             t0 = time.perf_counter()
             code = group.verifier == "code"
-            for s in group.samples:
+            for i, s in enumerate(group.samples):
                 s.reward, s.reward_reason = self.checker(
                     group.verifier, s.text, group.answer, self.code_opts if code else None,
                     self.code_timeout_s if code else None)
+                if s.reward_reason.startswith("non-finite"):
+                    logger.warning("ticket %d sample %d: %s; its reward is 0",
+                                   group.ticket, i, s.reward_reason)
             group.meta["reward_s"] = time.perf_counter() - t0
             row = group.to_row()
             tickets.append(row["ticket"])

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from areal_ray.algo.advantages import advantages, informative_groups, shape_rewards
+from areal_ray.algo.finite import name, nonfinite
 from areal_ray.config import AlgoConfig, Config
 from areal_ray.reward.pool import reason_kind
 from areal_ray.rollout.workflow import EpisodeConfig
@@ -57,7 +58,11 @@ from areal_ray.weights import put_state
 def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
                    trained_version: int) -> list[dict]:
     """One dict per non-empty sample, with its advantage and staleness. For GAE the
-    "advantage" is the shaped outcome reward; the critic turns it into per-token ones."""
+    "advantage" is the shaped outcome reward; the critic turns it into per-token ones.
+    A sample whose reward, advantage or behaviour logprobs are not finite is named
+    here, with the step; train_step leaves it out and reports it (algo/finite.py).
+    A group estimator's advantages depend on every reward of the group: one NaN
+    reward leaves the whole group out."""
     rewards = torch.tensor([[s.reward or 0.0 for s in g.samples] for g in groups])
     # The overlong penalty weighs the policy's own tokens: a tool's output is not verbosity.
     lengths = torch.tensor([[policy_tokens(s) for s in g.samples] for g in groups])
@@ -70,10 +75,15 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
         for si, s in enumerate(g.samples):
             if not s.output_ids:
                 continue
-            seqs.append({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
-                         "logprobs": s.logprobs, "versions": s.versions,
-                         "loss_mask": s.loss_mask, "advantage": float(adv[gi, si]), "reward": s.reward or 0.0,
-                         "staleness": s.staleness(trained_version), "ticket": g.ticket})
+            seq = {"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
+                   "logprobs": s.logprobs, "versions": s.versions,
+                   "loss_mask": s.loss_mask, "advantage": float(adv[gi, si]), "reward": s.reward or 0.0,
+                   "staleness": s.staleness(trained_version), "ticket": g.ticket, "sample": si}
+            why = nonfinite(seq)
+            if why is not None:
+                print(f"[areal-ray] step {trained_version}: {name(seq, len(seqs))} is left out "
+                      f"of training: {why}", flush=True)
+            seqs.append(seq)
     return seqs
 
 

@@ -15,12 +15,21 @@ shaped outcome reward), every rank takes its share and:
   5. per minibatch: decoupled PPO loss normalised by the minibatch's global token
      count, one optimizer step; then one critic step on the value loss.
 
+Non-finite numbers never reach the optimizer. A sequence whose reward, advantage or
+behaviour logprobs are not finite is left out before any of this (algo/finite.py);
+an optimizer step whose loss (any micro-batch, any rank) or gradient norm is still not
+finite, e.g. overflowed from finite inputs, is skipped: its gradients are dropped and
+the weights and optimizer state stay bit-identical. The stats count both
+(`nonfinite_samples`, `skipped_nonfinite`, `critic_skipped_nonfinite`), `nonfinite`
+names each, and `nonfinite_streak` counts the batches in a row that skipped a step.
+
 Every forward on a sharded model is a collective, so a rank whose micro-batch slot is
 empty runs a zero-weight forward instead: ranks always run the same sequence of them.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -28,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from areal_ray.algo.advantages import moments, normalize
+from areal_ray.algo.finite import screen
 from areal_ray.algo.loss import decoupled_ppo_loss
 from areal_ray.algo.proximal import loglinear_proximal_logprobs
 from areal_ray.algo.value import value_loss
@@ -45,6 +55,7 @@ from areal_ray.train.critic import forward_values, write_gae_targets
 from areal_ray.train.fsdp import model_device
 
 POLICY_STATS = ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl", "kl_ref")
+MAX_NOTES = 20  # lines naming non-finite values kept in a step's stats
 
 
 @dataclass
@@ -55,6 +66,7 @@ class Models:
     ref: torch.nn.Module | None = None
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
+    nonfinite_streak: int = 0  # batches in a row that skipped an optimizer step
 
 
 def _each(model, mbs: list, pad_id: int, fn) -> None:
@@ -88,7 +100,63 @@ def _proximal(mb: dict, logp: torch.Tensor, cfg, minibatch: int, version: int) -
 
 
 def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> dict:
-    """One batch of `algo.optim.ppo_minibatches` optimizer steps at policy `version`."""
+    """One batch of `algo.optim.ppo_minibatches` optimizer steps at policy `version`,
+    on the sequences whose inputs are finite; see the module's docstring."""
+    seqs, refused = screen(seqs)
+    notes = list(refused)
+    out = _train(m, seqs, cfg, pad_id, version, notes) if seqs else _nothing_to_train(m, cfg)
+    skipped = out["skipped_nonfinite"] + out.get("critic_skipped_nonfinite", 0)
+    m.nonfinite_streak = m.nonfinite_streak + 1 if skipped else 0
+    out.update(nonfinite_samples=len(refused), nonfinite_streak=m.nonfinite_streak)
+    if notes:
+        out["nonfinite"] = notes[:MAX_NOTES]
+        _warn(notes, version, m.nonfinite_streak)
+    return out
+
+
+def _warn(notes: list[str], version: int, streak: int) -> None:
+    more = f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""
+    run = f"; {streak} batches in a row skipped an optimizer step" if streak > 1 else ""
+    rank = f"rank {dist.get_rank()} " if dist.is_initialized() else ""
+    print(f"[areal-ray] {rank}version {version}: non-finite values kept out of training: "
+          f"{'; '.join(notes[:5])}{more}{run}", flush=True)
+
+
+def _nothing_to_train(m: Models, cfg) -> dict:
+    """The stats of a batch whose every sequence was left out: no forward, no optimizer
+    step (the same on every rank: each sees the whole batch); the LR schedule still
+    advances with the version."""
+    lr = m.sched.get_last_lr()[0]
+    m.sched.step()
+    nan = float("nan")
+    out = {"loss": nan, "lr": lr, "grad_norm": nan, "n_microbatches": 0,
+           **{k: nan for k in (*POLICY_STATS, "behav_weight_max")},
+           "skipped_nonfinite": cfg.algo.optim.ppo_minibatches,
+           **{k: 0.0 for k in ("values_s", "prox_s", "ref_s", "policy_s", "train_s")}}
+    if m.critic is not None:
+        out.update(value_loss=nan, value_clip_frac=nan, critic_skipped_nonfinite=1)
+    return out
+
+
+def nonfinite_step(local: str | None, grad_norm: float, where: str) -> str | None:
+    """Why an optimizer step must not be taken, decided alike on every rank: a
+    non-finite loss on any rank (`local` names this rank's), else a non-finite
+    gradient norm (clip_grad_norm_'s is already global). None: take it."""
+    anywhere = all_reduce([0.0 if local is None else 1.0], dist.ReduceOp.MAX)[0] > 0
+    if anywhere:
+        return local or f"{where}: a non-finite loss on another rank"
+    if not math.isfinite(grad_norm):
+        return f"{where}: grad_norm {grad_norm}"
+    return None
+
+
+def _worst(norms: list[float]) -> float:
+    """The largest gradient norm, or the non-finite one."""
+    return max(norms, key=lambda g: g if math.isfinite(g) else math.inf)
+
+
+def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: list[str]) -> dict:
+    """train_step on finite inputs; appends a line to `notes` per skipped step."""
     algo, temp = cfg.algo, cfg.rollout.temperature
     chunk = cfg.train.logits_chunk_mb << 20
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -127,11 +195,12 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
 
     t = time.perf_counter()
     sums: dict[str, float] = {"loss": 0.0, "n_tokens": 0.0, "behav_weight_max": 0.0}
-    grad_norms = []
+    grad_norms, skipped = [], 0
     for k, mbs in enumerate(minis):
         global_tokens = all_reduce([sum(int(mb["loss_mask"].sum()) for mb in mbs if mb is not None)])[0]
         m.opt.zero_grad(set_to_none=True)
-        for mb in mbs:
+        bad = None
+        for j, mb in enumerate(mbs):
             if mb is None:
                 (empty_forward(m.policy, pad_id) * world).backward()
                 continue
@@ -146,50 +215,70 @@ def train_step(m: Models, seqs: list[dict], cfg, pad_id: int, version: int) -> d
                 kl_estimator=algo.loss.kl_estimator)
             # FSDP averages gradients over ranks; the loss is already a global token mean.
             (loss * world).backward()
+            value = loss.item()
+            if bad is None and not math.isfinite(value):
+                bad = f"minibatch {k} micro-batch {j}: loss {value}"
             w = float(stats["n_tokens"])
-            sums["loss"] += loss.item() / len(minis)
+            sums["loss"] += value / len(minis)
             sums["n_tokens"] += w
             for key in POLICY_STATS:
                 sums[key] = sums.get(key, 0.0) + float(stats[key]) * w
             sums["behav_weight_max"] = max(sums["behav_weight_max"], float(stats["behav_weight_max"]))
         grad_norms.append(_clip(m.policy, algo.optim.max_grad_norm))
-        m.opt.step()
+        why = nonfinite_step(bad, grad_norms[-1], f"minibatch {k}")
+        if why is None:
+            m.opt.step()
+        else:  # the weights and the optimizer's state stay as they were
+            m.opt.zero_grad(set_to_none=True)
+            notes.append(f"optimizer step skipped: {why}")
+            skipped += 1
     lr = m.sched.get_last_lr()[0]
     m.sched.step()
     timings["policy_s"] = time.perf_counter() - t
 
     keys = ["loss", "n_tokens", *POLICY_STATS]
     reduced = dict(zip(keys, all_reduce([sums.get(k, 0.0) for k in keys])))
-    out = {"loss": reduced["loss"], "lr": lr, "grad_norm": max(grad_norms),
-           "n_microbatches": len(flat), **timings}
+    out = {"loss": reduced["loss"], "lr": lr, "grad_norm": _worst(grad_norms),
+           "n_microbatches": len(flat), "skipped_nonfinite": skipped, **timings}
     out.update({k: reduced[k] / max(reduced["n_tokens"], 1.0) for k in POLICY_STATS})
     out["behav_weight_max"] = all_reduce([sums["behav_weight_max"]], dist.ReduceOp.MAX)[0]
     if m.critic is not None:
         t = time.perf_counter()
-        out.update(critic_step(m, flat, algo, pad_id, world))
+        out.update(critic_step(m, flat, algo, pad_id, world, notes))
         out["critic_s"] = time.perf_counter() - t
     out["train_s"] = sum(v for k, v in out.items() if k.endswith("_s"))
     return out
 
 
-def critic_step(m: Models, flat: list, algo, pad_id: int, world: int) -> dict:
-    """One optimizer step of the critic on the clipped value loss (global token mean)."""
+def critic_step(m: Models, flat: list, algo, pad_id: int, world: int,
+                notes: list[str] | None = None) -> dict:
+    """One optimizer step of the critic on the clipped value loss (global token mean),
+    skipped like the policy's where the loss or the gradient norm is not finite."""
     n_tok = all_reduce([sum(int(mb["loss_mask"].sum()) for mb in flat if mb is not None)])[0]
     m.critic_opt.zero_grad(set_to_none=True)
-    total, clipped = 0.0, 0.0
-    for mb in flat:
+    total, clipped, bad = 0.0, 0.0, None
+    for j, mb in enumerate(flat):
         if mb is None:
             (empty_forward(m.critic, pad_id) * world).backward()
             continue
         loss, stats = value_loss(forward_values(m.critic, mb), mb["old_values"], mb["returns"],
                                  mb["loss_mask"], value_clip=algo.critic.value_clip, normalizer=n_tok)
         (loss * world).backward()
-        total += loss.item()
+        value = loss.item()
+        if bad is None and not math.isfinite(value):
+            bad = f"critic micro-batch {j}: value_loss {value}"
+        total += value
         clipped += float(stats["value_clip_frac"]) * float(mb["loss_mask"].sum())
-    _clip(m.critic, algo.optim.max_grad_norm)
-    m.critic_opt.step()
+    why = nonfinite_step(bad, _clip(m.critic, algo.optim.max_grad_norm), "critic")
+    if why is None:
+        m.critic_opt.step()
+    else:
+        m.critic_opt.zero_grad(set_to_none=True)
+        if notes is not None:
+            notes.append(f"critic step skipped: {why}")
     total, clipped = all_reduce([total, clipped])
-    return {"value_loss": total, "value_clip_frac": clipped / max(n_tok, 1.0)}
+    return {"value_loss": total, "value_clip_frac": clipped / max(n_tok, 1.0),
+            "critic_skipped_nonfinite": int(why is not None)}
 
 
 def _clip(model, max_norm: float) -> float:

@@ -1,8 +1,21 @@
-"""code_reward / run_tests: extraction, all-or-nothing reward, counts and reasons."""
+"""code_reward / run_tests: extraction, all-or-nothing reward, counts and reasons; no
+code runs without the isolation `reward.sandbox` asks for. The programs run under
+bubblewrap where it is installed, else in the explicit rlimits mode."""
+
+import json
 
 import pytest
 
-from areal_ray.reward.code import CodeResult, code_reward, extract_code, run_tests
+from areal_ray.reward import sandbox
+from areal_ray.reward.code import CodeChecker, CodeResult, code_reward, extract_code, run_tests
+from areal_ray.reward.sandbox import SandboxUnavailable
+
+
+@pytest.fixture(autouse=True)
+def available_sandbox(monkeypatch):
+    """The calls below name no mode: they get the environment's."""
+    monkeypatch.setenv(sandbox.ENV, "bwrap" if sandbox.bwrap() else "rlimits")
+
 
 TESTS = [{"input": "3 4\n", "output": "7\n"}, {"input": "10 -2\n", "output": "8"}]
 ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -45,3 +58,22 @@ def test_no_code_and_bad_tests():
         run_tests(ADD, [{"input": 1}])
     with pytest.raises(ValueError, match="non-empty list"):
         run_tests(ADD, [])
+
+
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+def test_without_isolation_no_code_runs(monkeypatch, tmp_path, mode):
+    """Fail closed: the check raises (the reward pool records it as a checker error,
+    reward 0) before any test runs, naming the package to install."""
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        run_tests(ADD, TESTS, sandbox=mode)
+    with pytest.raises(SandboxUnavailable):
+        CodeChecker().check(fenced(ADD), json.dumps(TESTS), {"sandbox": mode})
+    assert code_reward("no code here", TESTS, sandbox=mode).reason == "no fenced code block"
+
+
+def test_the_checker_runs_in_the_mode_it_is_given(monkeypatch):
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
+    monkeypatch.delenv(sandbox.ENV)
+    reward, reason = CodeChecker().check(fenced(ADD), json.dumps(TESTS), {"sandbox": "rlimits"})
+    assert (reward, reason) == (1.0, "2/2 tests: all passed [rlimits-only]")

@@ -3,7 +3,9 @@
 import os
 import time
 
-from areal_ray.reward.pool import RewardStage, TimedChecker
+import pytest
+
+from areal_ray.reward.pool import RewardStage, TimedChecker, graded, reason_kind
 from areal_ray.types import Group, Sample
 
 
@@ -14,6 +16,14 @@ def slow_check(verifier, text, answer, opts=None):
 
 def crashing_check(verifier, text, answer, opts=None):
     os._exit(3)
+
+
+ANSWERS = {"nan": float("nan"), "inf": float("inf"), "-inf": (float("-inf"), "scored"),
+           "text": "1.0?", "none": None, "ok": (0.5, "scored")}
+
+
+def answering_check(verifier, text, answer, opts=None):
+    return ANSWERS[text]
 
 
 def test_timeout_gives_zero_with_reason_and_the_checker_recovers():
@@ -44,3 +54,30 @@ def test_reward_stage_grades_each_sample():
     got = Group.from_row({"ticket": out["ticket"][0], "group": out["group"][0]})
     assert [s.reward for s in got.samples] == [1.0, 0.0, 0.0]
     assert all(s.reward_reason == "checked" for s in got.samples)
+
+
+@pytest.fixture(scope="module")
+def answering():
+    c = TimedChecker(timeout_s=60, fn=answering_check)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("answer, reason, kind", [
+    ("nan", "non-finite reward nan from the 'math' checker (checked)", "non-finite"),
+    ("inf", "non-finite reward inf from the 'math' checker (checked)", "non-finite"),
+    ("-inf", "non-finite reward -inf from the 'math' checker (scored)", "non-finite"),
+    ("text", "checker error: the 'math' checker's reward '1.0?' is not a number", "checker error"),
+    ("none", "checker error: the 'math' checker's reward None is not a number", "checker error"),
+], ids=["nan", "inf", "-inf", "text", "none"])
+def test_a_reward_that_is_not_a_finite_number_is_zero_with_the_reason(answering, answer, reason,
+                                                                      kind):
+    """A NaN from a checker would make the group's advantages, the loss and then every
+    weight NaN: it is 0, recorded as a checker exception is."""
+    assert answering("math", answer, "1") == (0.0, reason)
+    assert reason_kind(reason) == kind
+
+
+def test_a_finite_reward_passes_unchanged(answering):
+    assert answering("math", "ok", "1") == (0.5, "scored")
+    assert graded(1, "math") == (1.0, "checked") and graded(True, "code") == (1.0, "checked")
