@@ -35,6 +35,8 @@ from areal_ray.rollout.agent_workflow import resolve_endpoint
 from areal_ray.rollout.workflow import SINGLE_TURN
 from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
 from areal_ray.plugins import check_plugins
+from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
+from areal_ray.reward.sandbox import check_sandbox
 from areal_ray.weights import NCCL_ENV
 from areal_ray.eval import evaluate
 from areal_ray.event_loop import off_event_loop
@@ -253,6 +255,8 @@ def run_training(cfg: Config) -> dict:
         raise ConfigError(f"{run_dir} already holds checkpoints of a run: pass run.resume=true "
                           "to continue it, or choose another run.run_dir")
     replay_dir = check_replay(cfg)
+    check_sandbox(cfg)  # model-written code runs isolated, or the config says it need not
+    os.environ[SANDBOX_ENV] = cfg.reward.sandbox  # the in-process eval's tools follow it too
     init_ray(cfg)
     if cfg.run.check_placement:  # before anything is deployed
         check_placement(cfg, model_shape(model_path) if cfg.train.gpu_memory_gib > 0 else None)

@@ -29,6 +29,7 @@ from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
 from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
+from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
 from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.workflow import (SINGLE_TURN, EpisodeConfig, abandoned, build_workflow,
                                        check_episode, group_of)
@@ -164,13 +165,17 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
             workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs),
             seed=EpisodeConfig.of(cfg).seed, episode_timeout_s=cfg.rollout.episode_timeout_s),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
-                                  max_concurrent_calls_per_actor=concurrent))
+                                  max_concurrent_calls_per_actor=concurrent),
+        # a workflow's python tool runs code in the reward sandbox, in the mode the run
+        # chose (reward.sandbox; Ray merges these env vars with the job's)
+        runtime_env={"env_vars": {SANDBOX_ENV: cfg.reward.sandbox}})
     ds = ds.map_batches(
         RewardStage, batch_size=None, num_cpus=cfg.reward.num_cpus,
         fn_constructor_kwargs=dict(
             timeout_s=cfg.reward.timeout_s, code_timeout_s=cfg.reward.code_timeout_s,
             code_opts={"time_limit_s": cfg.reward.code_time_limit_s,
-                       "memory_limit_mb": cfg.reward.code_memory_limit_mb},
+                       "memory_limit_mb": cfg.reward.code_memory_limit_mb,
+                       "sandbox": cfg.reward.sandbox},
             driver_name=driver_name, namespace=namespace, checkers=dict(cfg.reward.checkers)),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
     return ds
