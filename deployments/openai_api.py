@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.limits import RequestLimits
 from areal_ray.rollout.openai_protocol import APIError, Defaults
 from areal_ray.rollout.openai_service import OpenAIService
 from areal_ray.rollout.sessions import SessionStore
@@ -46,17 +47,24 @@ OPENAI_DEPLOYMENT = "OpenAI"
 api = FastAPI(title="areal-ray OpenAI-compatible rollout endpoint")
 
 
+# The engine arguments that set an engine's context below the model config's
+# (vLLM's and HFEngine's max_model_len, sglang's context_length).
+CONTEXT_ARGS = ("max_model_len", "context_length")
+
+
 @dataclass
 class EndpointOptions:
     max_sessions: int
     session_ttl_s: float
-    max_tokens: int  # default max_tokens: rollout.max_new_tokens
+    max_tokens: int  # default and most max_tokens: rollout.max_new_tokens
     temperature: float  # default temperature: rollout.temperature
+    max_model_len: int | None = None  # the engines' context, when set below the model's
 
     @classmethod
     def from_config(cls, cfg) -> EndpointOptions:
-        o = cfg.rollout.openai
-        return cls(o.max_sessions, o.session_ttl_s, cfg.rollout.max_new_tokens, cfg.rollout.temperature)
+        o, kw = cfg.rollout.openai, cfg.rollout.engine_kwargs or {}
+        return cls(o.max_sessions, o.session_ttl_s, cfg.rollout.max_new_tokens,
+                   cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None))
 
 
 async def _answer(work) -> JSONResponse:
@@ -92,15 +100,12 @@ def _sync(fn):
 @serve.ingress(api)
 class OpenAIServer:
     def __init__(self, rollout, model_path: str, opts: EndpointOptions):
-        from transformers import AutoConfig
-
         from areal_ray.task.tokenizer import load_tokenizer
-        tokenizer = load_tokenizer(model_path)
-        max_context = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         self.service = OpenAIService(
-            tokenizer, EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
+            load_tokenizer(model_path), EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
             SessionStore(opts.max_sessions, opts.session_ttl_s), model_name=Path(model_path).name,
-            max_context=max_context)
+            limits=RequestLimits.from_pretrained(model_path, opts.max_model_len),
+            max_tokens_cap=opts.max_tokens)
 
     async def _with_body(self, method, sid: str, request: Request) -> JSONResponse:
         try:

@@ -76,6 +76,19 @@ class ServerOptions:
                    release_memory=r.release_memory, run_name=cfg.run.name)
 
 
+async def all_or_none(coros) -> list:
+    """The results of `coros`, run concurrently; when one raises, the others are
+    cancelled before the error goes to the caller, so an engine does not go on
+    generating for a call that has already failed."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+
+
 @serve.deployment(name=DEPLOYMENT_NAME, health_check_period_s=5, health_check_timeout_s=60)
 class RolloutServer:
     async def __init__(self, model_path: str, driver_name: str = "", namespace: str = "",
@@ -212,10 +225,12 @@ class RolloutServer:
     async def generate(self, input_ids: list[int], max_new_tokens: int,
                        temperature: float = 1.0, ignore_eos: bool = False,
                        stop_ids: list[int] | None = None, seed: int | None = None) -> dict:
-        res = await self.engine.generate(GenerationRequest(
-            list(input_ids), max_new_tokens, temperature, ignore_eos=ignore_eos,
+        """One request, checked against the engine's limits before the engine sees it
+        (areal_ray/rollout/limits.py): a bad one is a ValueError for this caller only."""
+        req = self.engine.limits.admit(GenerationRequest(
+            input_ids, max_new_tokens, temperature, ignore_eos=ignore_eos,
             stop_ids=list(stop_ids or ()), seed=seed))
-        return res.to_dict()
+        return (await self.engine.generate(req)).to_dict()
 
     def encode(self, text: str) -> list[int]:
         """The prompt's token ids, as generation sees them (no special tokens added)."""
@@ -231,17 +246,17 @@ class RolloutServer:
                              seeds: list[int | None] | None = None) -> list[dict]:
         """Several requests in one call (e.g. the unfinished samples of one prompt group),
         for clients to whom each Serve call is costly: one call routes, and is counted
-        against `max_ongoing_requests`, once. Ends when every request has ended."""
+        against `max_ongoing_requests`, once. Ends when every request has ended. All are
+        checked before any runs; a bad one fails the call, naming which."""
         seeds = [None] * len(input_ids) if seeds is None else list(seeds)
         if not len(input_ids) == len(max_new_tokens) == len(seeds):
             raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
                              f"{len(max_new_tokens)} max_new_tokens and {len(seeds)} seeds")
-        results = await asyncio.gather(*[
-            self.engine.generate(GenerationRequest(list(ids), int(n), temperature,
-                                                   ignore_eos=ignore_eos, stop_ids=list(stop_ids or ()),
-                                                   seed=seed))
+        reqs = self.engine.limits.admit_all([
+            GenerationRequest(ids, n, temperature, ignore_eos=ignore_eos,
+                              stop_ids=list(stop_ids or ()), seed=seed)
             for ids, n, seed in zip(input_ids, max_new_tokens, seeds)])
-        return [r.to_dict() for r in results]
+        return [r.to_dict() for r in await all_or_none(self.engine.generate(r) for r in reqs)]
 
     def stats(self) -> dict:
         return {"replica_id": self.replica_id, "version": self.engine.get_version(),

@@ -53,6 +53,16 @@ on the device. `resume_memory` reopens. A weight update in between keeps it clos
 Behaviour logprobs are those of the distribution sampled from: the full softmax of
 logits / temperature, no top-k/top-p (greedy requests use temperature 1), so a
 teacher-forced pass reproduces them.
+
+Failures stay with the request that causes them. `generate` refuses what the model
+cannot take (`RequestLimits`, limits.py: ids outside the vocabulary, a prompt past the
+context; a budget past it is cut to it) before the request reaches a batch. A forward
+or a draw that still raises fails only its own rows: a prefill chunk that raises is
+prefilled again row by row, and a cohort's decode step that raises is rolled back
+(the columns it appended to the KV cache and mask are cut off) and run again row by
+row, each row as its own cohort. A row that fails alone ends with its error; the
+others go on, merged again into cohorts after the step. Without that, one bad
+request (say an out-of-vocabulary id from an agent) ended every running rollout.
 """
 
 from __future__ import annotations
@@ -74,6 +84,7 @@ from areal_ray.rollout.engine import (
     check_pause_mode,
 )
 from areal_ray.rollout.kv_batch import KVBatch, new_cache
+from areal_ray.rollout.limits import RequestLimits
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights import digest
 
@@ -112,7 +123,9 @@ class HFEngine:
     def __init__(self, model_path: str, max_batch_size: int = 64, device: str = "cpu",
                  dtype: str = "float32", version: int = 0, batching: str = "continuous",
                  max_cohorts: int = 4, merge_ratio: float = 0.5,
-                 prefill_tokens: int = 4096):
+                 prefill_tokens: int = 4096, max_model_len: int | None = None):
+        """`max_model_len`: the context a request's prompt and budget must fit (default:
+        the model's max_position_embeddings)."""
         if batching not in Batching.values():
             raise ValueError(f"batching {batching!r} is not one of {Batching.values()}")
         self.device = torch.device(device)
@@ -125,6 +138,7 @@ class HFEngine:
             raise NotImplementedError("HFEngine batches rows in one full-attention KV cache; "
                                       "sliding-window attention is not supported")
         self.num_layers = text_cfg.num_hidden_layers
+        self.limits = RequestLimits.from_config(self.model.config, max_model_len)
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
         self.max_batch_size = max_batch_size
@@ -143,14 +157,16 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         self.released = False  # release_memory ran and resume_memory has not
         self._stats = {"requests": 0, "tokens": 0, "steps": 0, "prefills": 0, "prefill_tokens": 0, "aborted_requests": 0,
-                       "busy_s": 0.0}
+                       "busy_s": 0.0,
+                       # rows ended by an error; forwards of several rows that raised and
+                       # were retried row by row
+                       "failed_requests": 0, "isolated_steps": 0}
 
     # ----------------------------------------------------------------- public API
     async def generate(self, req: GenerationRequest) -> GenerationResult:
-        if req.max_new_tokens <= 0:
+        req = self.limits.admit(req)
+        if req.max_new_tokens == 0:
             return GenerationResult([], [], [], "length", req.rid)
-        if not req.input_ids:
-            raise ValueError("a generation request needs at least one prompt token")
         loop = asyncio.get_running_loop()
         row = _Row(req, loop, loop.create_future())
         with self._cv:
@@ -278,6 +294,9 @@ class HFEngine:
                         self._decode()
                         self._retire()
                 except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
+                    # Forwards and draws fail row by row (_prefill, _decode): what gets
+                    # here broke the cohorts' bookkeeping (a merge that ran out of
+                    # memory half way), which no row can be trusted after.
                     for r in [r for r in new if r not in self._active]:
                         r.resolve(error=e)
                     self._end_all(error=e)
@@ -323,16 +342,36 @@ class HFEngine:
         cost 25x its work, and after an abort every running row comes back at once."""
         if self.batching == "invariant":  # every request alone: no padding, ever
             for r in rows:
-                self._prefill_chunk([r])
+                self._prefill_isolated([r])
             return
         rows = sorted(rows, key=lambda r: len(r.req.input_ids), reverse=True)
         while rows:
             n = max(1, min(len(rows), self.prefill_tokens // len(rows[0].req.input_ids)))
-            self._prefill_chunk(rows[:n])
+            self._prefill_isolated(rows[:n])
             rows = rows[n:]
         self._consolidate()
 
+    def _prefill_isolated(self, rows: list[_Row]) -> None:
+        """Prefill `rows` together; if that raises, each alone, and a row that fails by
+        itself ends with its own error."""
+        try:
+            self._prefill_chunk(rows)
+            return
+        except Exception as e:  # noqa: BLE001 - isolated below
+            if len(rows) == 1:
+                self._fail(rows[0], e)
+                return
+        self._stats["isolated_steps"] += 1
+        for r in rows:
+            try:
+                self._prefill_chunk([r])
+            except Exception as e:  # noqa: BLE001 - this row's own failure
+                self._fail(r, e)
+
     def _prefill_chunk(self, rows: list[_Row]) -> None:
+        """Prefill `rows` as a new cohort. Changes nothing if it raises: the cohort is
+        added, and the rows get their first token, only once the forward and the draw
+        have succeeded."""
         width = max(len(r.req.input_ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -344,8 +383,8 @@ class HFEngine:
         out = self.model(input_ids=ids, attention_mask=mask,
                          position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._cohorts.append(KVBatch(out.past_key_values, mask, rows))
         self._record(rows, out.logits[:, -1])
+        self._cohorts.append(KVBatch(out.past_key_values, mask, rows))
         self._stats["prefills"] += 1
         self._stats["prefill_tokens"] += int(mask.sum())
 
@@ -364,7 +403,23 @@ class HFEngine:
             self._cohorts[i].merge(self._cohorts.pop(j))
 
     def _decode(self) -> None:
-        for kv in self._cohorts:
+        split = False
+        for kv in list(self._cohorts):
+            try:
+                self._step(kv)
+            except Exception as e:  # noqa: BLE001 - isolated below
+                self._isolate(kv, e)
+                split = True
+        if split:  # the rows that went on merge again rather than step one forward each
+            self._consolidate()
+        self._stats["steps"] += 1
+
+    def _step(self, kv: KVBatch) -> None:
+        """One decode step of cohort `kv`. If it raises, the cohort is as it was before
+        (the forward may have appended to some layers' caches before failing in a later
+        one, and the step's mask column is already there)."""
+        width = kv.width
+        try:
             ids = torch.tensor([[r.out[-1] if r else self.pad_id] for r in kv.rows],
                                device=self.device)
             positions = kv.positions()
@@ -372,7 +427,33 @@ class HFEngine:
                              position_ids=positions, past_key_values=kv.cache, use_cache=True)
             live = [i for i, r in enumerate(kv.rows) if r]
             self._record([kv.rows[i] for i in live], out.logits[live, -1])
-        self._stats["steps"] += 1
+        except BaseException:
+            kv.truncate(width)
+            raise
+
+    def _isolate(self, kv: KVBatch, error: Exception) -> None:
+        """Cohort `kv`'s step raised `error`: step each of its rows as a cohort of its
+        own, so only rows that fail by themselves end, each with its own error. A cohort
+        of one row ends that row at once."""
+        at = self._cohorts.index(kv)
+        parts = kv.split()
+        if len(parts) == 1:
+            self._fail(parts[0].rows[0], error)
+            parts = []
+        elif parts:
+            self._stats["isolated_steps"] += 1
+        survivors = []
+        for part in parts:
+            try:
+                self._step(part)
+                survivors.append(part)
+            except Exception as e:  # noqa: BLE001 - this row's own failure
+                self._fail(part.rows[0], e)
+        self._cohorts[at:at + 1] = survivors
+
+    def _fail(self, row: _Row, error: Exception) -> None:
+        self._stats["failed_requests"] += 1
+        row.resolve(error=error)
 
     def _record(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample each row's next token and keep its behaviour logprob and version.

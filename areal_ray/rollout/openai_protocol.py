@@ -19,7 +19,9 @@ EOS or at token ids, and return one sample per request, so:
 - `return_token_ids: true` (an extension, as in vLLM) adds `prompt_token_ids`,
   `token_ids` and the policy `versions` of the output to the choice.
 - `max_tokens` / `max_completion_tokens` default to the run's `rollout.max_new_tokens`,
-  `temperature` to `rollout.temperature`; `max_tokens` is cut to the model's context.
+  `temperature` to `rollout.temperature`; the service (openai_service.py) cuts
+  `max_tokens` to `rollout.max_new_tokens` and to the model's context, and checks a
+  token-id prompt against the model's vocabulary.
 
 Every problem is an `APIError` with the HTTP status and a message naming the field; the
 deployment sends it as OpenAI's error body, which the client raises as
@@ -219,16 +221,6 @@ def render_chat(tokenizer, messages: list[dict]) -> str:
     except Exception as e:  # noqa: BLE001 - a template raising on these messages is the request's fault
         raise bad(f"the chat template failed on these messages: {type(e).__name__}: {e}",
                   "messages") from e
-
-
-def fit_context(prompt_len: int, max_tokens: int, max_context: int | None) -> int:
-    """`max_tokens`, cut to what the model's context leaves after the prompt."""
-    if max_context is None:
-        return max_tokens
-    room = max_context - prompt_len
-    if room < 1:
-        raise bad(f"the prompt is {prompt_len} tokens; the model's context is {max_context}")
-    return min(max_tokens, room)
 
 
 def _usage(prompt_ids: list[int], output_ids: list[int]) -> dict:

@@ -9,6 +9,13 @@ aborts the request is resubmitted with prompt + partial output, so the agent nev
 sees an abort; each token keeps the version of the policy that sampled it, and the
 recorded call holds them all. The `EngineClient` retries a call that lost its replica.
 
+Bad requests are 400s, never 500s and never a rollout replica's problem: a token-id
+prompt is checked against the model's vocabulary, and every prompt against its
+context, here with the same `RequestLimits` the replicas use (limits.py), before
+anything is generated; `max_tokens` is cut to the run's `rollout.max_new_tokens` and
+to the room the context leaves. A request the replica refuses all the same (its
+engine's context may be shorter than the model config's) is a 400 with its message.
+
 The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
 them with an in-process engine.
 """
@@ -19,10 +26,10 @@ import time
 from typing import TYPE_CHECKING
 
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
-from areal_ray.rollout.openai_protocol import (APIError, Defaults, completion_response,
-                                               chat_response, fit_context, models_response,
-                                               parse_chat, parse_completion, parse_defaults,
-                                               render_chat)
+from areal_ray.rollout.limits import RequestLimits, RequestRejected
+from areal_ray.rollout.openai_protocol import (APIError, Defaults, bad, completion_response,
+                                               chat_response, models_response, parse_chat,
+                                               parse_completion, parse_defaults, render_chat)
 from areal_ray.rollout.sessions import SessionStore
 
 if TYPE_CHECKING:
@@ -33,9 +40,14 @@ MAX_SID_CHARS = 200
 
 class OpenAIService:
     def __init__(self, tokenizer, client: EngineClient, defaults: Defaults, store: SessionStore,
-                 model_name: str, max_context: int | None = None):
+                 model_name: str, limits: RequestLimits | None = None,
+                 max_tokens_cap: int | None = None):
+        """`limits`: the model's vocabulary and context (None: left to the replicas);
+        `max_tokens_cap`: the most tokens one call generates (rollout.max_new_tokens)."""
         self.tokenizer, self.client, self.defaults = tokenizer, client, defaults
-        self.store, self.model_name, self.max_context = store, model_name, max_context
+        self.store, self.model_name = store, model_name
+        self.limits = limits or RequestLimits(None, None)
+        self.max_tokens_cap = max_tokens_cap
         self.created = int(time.time())
 
     def encode(self, text: str) -> list[int]:
@@ -51,14 +63,18 @@ class OpenAIService:
 
     async def _generate(self, sid: str, req, text: str | None, token_prompt: list[int] | None):
         session = self._session(sid)
-        if token_prompt is not None:
-            prompt_ids, extends = session.prompt_ids_of_tokens(token_prompt)
-            text = self.decode(prompt_ids, False)
-        else:
-            prompt_ids, extends = session.prompt_ids(text)
-        budget = fit_context(len(prompt_ids), req.max_tokens, self.max_context)
-        part = PartialSample(prompt_ids, budget)
-        await generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids)
+        try:
+            if token_prompt is not None:
+                prompt_ids, extends = session.prompt_ids_of_tokens(
+                    self.limits.token_ids(token_prompt, "prompt token"))
+                text = self.decode(prompt_ids, False)  # only ids in the vocabulary decode
+            else:
+                prompt_ids, extends = session.prompt_ids(text)
+            budget = min(req.max_tokens, self.max_tokens_cap or req.max_tokens)
+            part = PartialSample(prompt_ids, self.limits.fit(len(prompt_ids), budget))
+            await generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids)
+        except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
+            raise bad(str(getattr(e, "cause", e)), "prompt") from e
         sample = part.sample()
         # The session may have been dropped (TTL) while generating: record where it is now.
         self.store.open(sid, self.encode, self.decode).record(text, prompt_ids, extends, sample)

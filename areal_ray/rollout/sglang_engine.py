@@ -76,6 +76,15 @@ cached CUDA blocks back (`free_cuda_cache`). For a trainer sharing the GPU,
 `release_memory`/`resume_memory` free and retake sglang's weights, KV cache and CUDA
 graphs (sglang's memory saver: `enable_memory_saver=True`).
 
+Bad requests. sglang refuses a prompt past its context but does not check token ids
+against the vocabulary (0.5.23's TokenizerManager checks only `token_ids_logprob`): an
+out-of-vocabulary id reaches the scheduler's embedding lookup and fails the batch it
+is in (on CUDA a device-side assert, which the scheduler process does not survive).
+`generate` first checks each request against the model sglang serves
+(`RequestLimits`, limits.py: `model_config.vocab_size`, and `context_len` less the
+tokens sglang reserves; a budget past the context is cut to it) and refuses a bad one
+to its caller alone.
+
 Aborts. TokenizerManager.abort_request(rid) sends an abort once per request and drops
 one for a request it has not registered yet, and the scheduler drops an abort for a
 request that has not reached it; either way that request would run to its end. So
@@ -108,6 +117,7 @@ import torch
 
 from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
+from areal_ray.rollout.limits import RequestLimits
 
 try:
     import sglang as sgl
@@ -231,6 +241,15 @@ def original_logprob_env() -> str | None:
     return None
 
 
+def engine_limits(engine) -> RequestLimits:
+    """What `engine` (an sgl.Engine) takes: the vocabulary of its model config, and its
+    context less the tokens its TokenizerManager reserves (it refuses a prompt plus
+    budget past `context_len` counting those)."""
+    tm = engine.tokenizer_manager
+    return RequestLimits(tm.model_config.vocab_size,
+                         tm.context_len - getattr(tm, "num_reserved_tokens", 0))
+
+
 def _check(result, what: str) -> None:
     # TokenizerManager weight calls answer (success, message[, ...]).
     if not result[0]:
@@ -256,6 +275,7 @@ class SGLangEngine(GatedEngine):
         self.engine = sgl.Engine(model_path=model_path, dtype=dtype,
                                  mem_fraction_static=mem_fraction_static,
                                  skip_tokenizer_init=True, **engine_kwargs)
+        self.limits = engine_limits(self.engine)
         self.torch_dtype = getattr(torch, dtype, None) if dtype != "auto" else None
         self.deterministic = bool(engine_kwargs.get("enable_deterministic_inference"))
         self._warned_seed = False
@@ -276,7 +296,8 @@ class SGLangEngine(GatedEngine):
 
     # ----------------------------------------------------------------- generation
     async def generate(self, req: GenerationRequest) -> GenerationResult:
-        budget = max(0, req.max_new_tokens)
+        req = self.limits.admit(req)
+        budget = req.max_new_tokens
         if budget == 0:
             return GenerationResult([], [], [], "length", req.rid)
         if req.seed is not None and not self.deterministic and not self._warned_seed:

@@ -27,6 +27,16 @@ engine-core worker loads it in place (`vllm_worker.WeightSync`, called through
 their prompt, and is reset after every load, so no KV computed under old weights is
 ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
 
+Bad requests: vLLM checks token ids against the vocabulary only when its tokenizer is
+loaded, and ours is not (`skip_tokenizer_init`), so an out-of-vocabulary id reaches
+the engine core's embedding lookup. Past the (padded) embedding table it kills the
+engine core: measured on the CPU build, `[5, 10000]` on the 87-token tiny model ended
+the running request and every later one with EngineDeadError. Inside the padding
+(id 87 there) it runs silently on an untrained row. `generate` first checks each
+request against the model vLLM runs (`RequestLimits`, limits.py: its vocabulary and
+`max_model_len`; a budget past the context is cut to it) and refuses a bad one to its
+caller alone.
+
 Memory (one GPU shared with the trainer): `release_memory` closes the gate (aborting
 what runs) and puts vLLM to sleep at level 1 (weights to host memory, KV cache
 discarded); `resume_memory` wakes it and reopens the gate. This needs vLLM's sleep
@@ -55,6 +65,7 @@ from pathlib import Path
 
 from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
+from areal_ray.rollout.limits import RequestLimits
 from areal_ray.weights import staging_dir
 
 try:
@@ -151,6 +162,16 @@ def parse_output(completion, version: int, budget: int, rid: str = "") -> Genera
                             [version] * len(ids), reason, rid)
 
 
+def engine_limits(engine) -> RequestLimits:
+    """What `engine` (an AsyncLLM) takes: its model's vocabulary and its
+    `max_model_len`, which may be below the model config's. A stand-in without a
+    model config (tests) is not checked beyond a request's shape."""
+    cfg = getattr(engine, "model_config", None)
+    if cfg is None:
+        return RequestLimits(None, None)
+    return RequestLimits(cfg.get_vocab_size(), cfg.max_model_len)
+
+
 def distinct_tensors(state_dict: dict) -> dict:
     """CPU tensors with no shared storage (safetensors refuses the tied embedding and
     lm_head of a model's own state dict): a tensor whose memory was seen is copied."""
@@ -223,6 +244,7 @@ class VLLMEngine(GatedEngine):
                 record_digest: bool) -> None:
         """Our state around an `AsyncLLM` (or a stand-in with its surface, in tests)."""
         self.engine = engine
+        self.limits = engine_limits(engine)
         self.prefix_caching = prefix_caching
         self.sleep_mode = sleep_mode
         # Hashing every pushed tensor (and holding them until hashed) costs a model's
@@ -242,7 +264,8 @@ class VLLMEngine(GatedEngine):
 
     # ----------------------------------------------------------------- generation
     async def generate(self, req: GenerationRequest) -> GenerationResult:
-        budget = max(0, req.max_new_tokens)
+        req = self.limits.admit(req)
+        budget = req.max_new_tokens
         if budget == 0:
             return GenerationResult([], [], [], "length", req.rid)
         params = SamplingParams(**sampling_kwargs(req),

@@ -103,6 +103,26 @@ def test_memory_release_classes_and_server_args():
     assert args["enable_weights_cpu_backup"].default is False
 
 
+def test_the_limits_we_read_are_what_the_tokenizer_manager_checks_requests_against():
+    """engine_limits reads TokenizerManager.model_config.vocab_size, context_len and
+    num_reserved_tokens; the manager sets them at start (init_model_config, which needs
+    a model)
+    and refuses a prompt plus budget past context_len counting the reserved tokens."""
+    from sglang.srt.configs.model_config import ModelConfig
+    assert "self.init_model_config()" in inspect.getsource(TokenizerManager.__init__)
+    init = inspect.getsource(TokenizerManager.init_model_config)
+    for attr in ("self.model_config = ", "self.context_len = self.model_config.context_len",
+                 "self.num_reserved_tokens = "):
+        assert attr in init
+    assert "self.vocab_size = " in inspect.getsource(ModelConfig)
+    check = inspect.getsource(TokenizerManager._validate_one_request)
+    assert "input_token_num += self.num_reserved_tokens" in check
+    assert "(max_new_tokens + input_token_num) > _max_req_len" in check
+    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=151936), context_len=4096,
+                         num_reserved_tokens=2)
+    assert se.engine_limits(SimpleNamespace(tokenizer_manager=tm)).max_context == 4094
+
+
 def test_abort_request_signature():
     assert list(inspect.signature(TokenizerManager.abort_request).parameters) == ["self", "rid", "abort_all"]
 
@@ -202,6 +222,9 @@ def manager():
 class ManagerBackedTokenizerManager:
     """Forwards our control calls to the real manager, as the TokenizerManager's
     communicators do, and answers (success, message) as its merge_results does."""
+
+    model_config = SimpleNamespace(vocab_size=1000)  # what engine_limits reads
+    context_len = 1 << 20
 
     def __init__(self, manager):
         self.m = manager

@@ -239,3 +239,115 @@ def test_release_hands_cached_blocks_back_to_cuda_only_on_cuda(engine, monkeypat
         engine.device = cpu
     asyncio.run(engine.resume_memory())
     assert len(calls) == emptied
+
+
+# ----------------------------------------------------------------- failure isolation
+def assert_complete(engine, reqs, results, version):
+    """Every request ran to its whole budget, on `version`, with the logprobs a
+    teacher-forced pass gives (a failed step left nothing behind in their KV cache)."""
+    assert [len(r.output_ids) for r in results] == [q.max_new_tokens for q in reqs]
+    assert all(r.stop_reason == "length" and r.versions == [version] * len(r.output_ids)
+               for r in results)
+    tf, beh = teacher_forced(engine, reqs, results, 1.0)
+    assert torch.allclose(tf, beh, atol=1e-4)
+
+
+GOOD = [GenerationRequest([5 + i, 6, 7], 150, 1.0, ignore_eos=True) for i in range(3)]
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (GenerationRequest([5, 10_000], 8), "prompt token 1 is id 10000, outside the model's vocabulary"),
+    (GenerationRequest([5, -1], 8), "prompt token 1 is id -1, outside the model's vocabulary"),
+    (GenerationRequest(list(range(3, 60)) * 5, 8), "the prompt is 285 tokens and the model's context is 256"),
+    (GenerationRequest([5], -1), "max_new_tokens must be >= 0"),
+    (GenerationRequest([5], 8, seed=2 ** 64), "seed must be in"),
+])
+def test_a_bad_request_is_refused_alone_while_the_running_ones_complete(engine, bad, needle):
+    engine.version = 2
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(engine.generate(r)) for r in GOOD]
+        await until(lambda: engine.load()["running"] == len(GOOD), "the good requests running")
+        with pytest.raises(ValueError, match=needle):
+            await engine.generate(bad)
+        return await asyncio.gather(*tasks)
+
+    assert_complete(engine, GOOD, asyncio.run(scenario()), 2)
+
+
+def test_a_budget_past_the_context_ends_at_the_context(engine):
+    context = engine.model.config.max_position_embeddings
+    (res,) = engine.generate_batch([GenerationRequest([5, 6, 7], 10 * context, 1.0, ignore_eos=True)])
+    assert len(res.output_ids) == context - 3 and res.stop_reason == "length"
+
+
+async def together(engine, reqs):
+    """Generate `reqs` admitted in one go (queued behind a pause): one prefill chunk,
+    one cohort, except in invariant batching. Results or exceptions, in order."""
+    await engine.pause("wait")
+    tasks = [asyncio.ensure_future(engine.generate(r)) for r in reqs]
+    await until(lambda: engine.load()["queued"] == len(reqs), "the requests queued")
+    await engine.resume()
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def unguarded(engine):
+    """As if the guard missed what is wrong with a request: the engine admits any id."""
+    from areal_ray.rollout.limits import RequestLimits
+    engine.limits = RequestLimits(None, None)
+    return engine
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static", "invariant"])
+def test_a_request_failing_in_a_shared_prefill_fails_alone(random_model_dir, batching):
+    """Prefilled in one chunk with good requests, a request whose forward fails (an id
+    past the embedding table) fails by itself: the chunk is retried row by row."""
+    torch.manual_seed(0)
+    engine = unguarded(HFEngine(random_model_dir, max_batch_size=16, batching=batching))
+    bad = GenerationRequest([5, 10_000, 6], 8, 1.0)
+    good0, err, *rest = asyncio.run(together(engine, [GOOD[0], bad, *GOOD[1:]]))
+    assert isinstance(err, IndexError)
+    assert_complete(engine, GOOD, [good0, *rest], 0)
+    load = engine.load()
+    assert load["running"] == 0 and load["failed_requests"] == 1
+    assert load["isolated_steps"] == (batching != "invariant")  # invariant: alone already
+
+
+def fail_past_position(engine, limit):
+    """The last decoder layer raises once a row's position reaches `limit`, as a model
+    with a position table of `limit` entries would: mid-forward, after the earlier
+    layers have appended the step to the KV cache."""
+    seen = {}
+
+    def positions(module, args, kwargs):  # the engine's calls give positions; others start at 0
+        ids = kwargs.get("position_ids")
+        seen["max"] = -1 if ids is None else int(ids.max())
+
+    def layer(module, args, kwargs):
+        if seen["max"] >= limit:
+            raise IndexError(f"position {seen['max']} is past the position table ({limit})")
+
+    engine.model.register_forward_pre_hook(positions, with_kwargs=True)
+    engine.model.model.layers[-1].register_forward_pre_hook(layer, with_kwargs=True)
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static", "invariant"])
+def test_a_request_failing_mid_decode_fails_alone_and_the_others_complete(random_model_dir, batching):
+    """A long prompt decoding in one cohort with short ones reaches a position its
+    model cannot take: that request fails alone, with its own error; the step is
+    rolled back and retried row by row, and the others generate their whole budget
+    with exact logprobs."""
+    torch.manual_seed(0)
+    engine = unguarded(HFEngine(random_model_dir, max_batch_size=16, batching=batching))
+    engine.version = 5
+    fail_past_position(engine, 60)
+    good = [GenerationRequest([5 + i, 6, 7], 50, 1.0, ignore_eos=True) for i in range(3)]
+    bad = GenerationRequest(list(range(3, 58)), 30, 1.0, ignore_eos=True)  # fails at its 7th token
+    good0, err, *rest = asyncio.run(together(engine, [good[0], bad, *good[1:]]))
+    assert isinstance(err, IndexError) and "position 60" in str(err)
+    assert_complete(engine, good, [good0, *rest], 5)
+    load = engine.load()
+    assert load["failed_requests"] == 1
+    assert load["isolated_steps"] == (batching != "invariant")  # invariant: alone already
+    later = engine.generate_batch([GenerationRequest([5, 6], 10, 1.0, ignore_eos=True)])
+    assert [len(r.output_ids) for r in later] == [10]

@@ -47,3 +47,35 @@ def test_merge_pads_the_narrower_batch_on_the_left_and_keep_trims():
     assert a.cache.layers[1].keys.shape == (2, 2, 3, 4)
     a.keep([])
     assert a.size == 0 and a.rows == []
+
+
+def test_truncate_undoes_a_step_that_failed_half_way_and_growth_stays_in_place():
+    a = prefilled(2, 4, 1.0, real=[4, 2])
+    a.cache.layers[0].update(kv(2, 1, 5.0), kv(2, 1, 5.0))  # grown before a later layer raised
+    a.step_mask()
+    a.truncate(4)
+    assert a.width == 4 and a.positions().flatten().tolist() == [4, 2]
+    assert [layer.keys.shape[-2] for layer in a.cache.layers] == [4, 4]
+    ptr = a.cache.layers[0].keys.data_ptr()
+    a.step_mask()
+    for layer in a.cache.layers:  # the retried step appends where the failed one did
+        layer.update(kv(2, 1, 6.0), kv(2, 1, 6.0))
+    assert a.cache.layers[0].keys.data_ptr() == ptr and a.width == 5
+    assert a.cache.layers[0].keys[:, 0, -1, 0].tolist() == [6.0, 6.0]
+
+
+def test_split_gives_each_live_row_its_own_trimmed_cache_and_leaves_the_batch_alone():
+    a = prefilled(3, 5, 1.0, real=[5, 2, 3])
+    for i, layer in enumerate(a.cache.layers):
+        layer.keys = layer.keys + torch.arange(3.0)[:, None, None, None]  # row i holds 1 + i
+    a.rows[1] = None  # finished, not compacted yet
+    parts = a.split()
+    assert [p.rows for p in parts] == [["r1.0-0"], ["r1.0-2"]]
+    assert [p.mask.tolist() for p in parts] == [[[1] * 5], [[1] * 3]]
+    assert [p.positions().item() for p in parts] == [5, 3]
+    assert parts[1].cache.layers[1].keys.shape == (1, 2, 3, 4)
+    assert parts[1].cache.layers[1].keys.unique().tolist() == [3.0]
+    for layer in parts[1].cache.layers:  # a part grows on its own
+        layer.update(kv(1, 1, 9.0), kv(1, 1, 9.0))
+    assert parts[1].cache.layers[0].keys.shape[-2] == 4
+    assert a.size == 3 and a.cache.layers[0].keys.shape == (3, 2, 5, 4)

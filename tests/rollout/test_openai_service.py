@@ -6,18 +6,25 @@ Serve: tests/deployments/test_openai_api.py."""
 
 import asyncio
 import copy
+import json
+from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
+from starlette.requests import Request
 
+from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.limits import RequestLimits
 from areal_ray.rollout.openai_protocol import APIError, Defaults, stop_ids
 from areal_ray.rollout.openai_service import OpenAIService
 from areal_ray.rollout.sessions import SessionStore
-from tests.rollout.test_workflow import InProcessApp
+from deployments.openai_api import OpenAIServer
+from tests.rollout.test_limits import until_running
+from tests.rollout.test_workflow import InProcessApp, _Method
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +32,11 @@ def engine(random_model_dir):
     return HFEngine(random_model_dir)
 
 
-def service(engine, tokenizer=None, max_context=None):
-    return OpenAIService(tokenizer or engine.tokenizer, EngineClient(InProcessApp(engine)),
+def service(engine, tokenizer=None, limits=None, max_tokens_cap=None, app=None):
+    return OpenAIService(tokenizer or engine.tokenizer, EngineClient(app or InProcessApp(engine)),
                          Defaults(max_tokens=8, temperature=1.0),
                          SessionStore(max_sessions=16, ttl_s=600), model_name="tiny",
-                         max_context=max_context)
+                         limits=limits, max_tokens_cap=max_tokens_cap)
 
 
 def run(coro):
@@ -138,7 +145,7 @@ def test_a_tokenizer_without_a_chat_template_is_a_400(engine):
 
 
 def test_budgets_are_cut_to_the_context_and_unknown_sessions_are_404s(engine):
-    svc = service(engine, max_context=8)
+    svc = service(engine, limits=RequestLimits(None, 8))
     r = run(svc.completions("ctx", {"model": "m", "prompt": "12+3=", "max_tokens": 50}))
     assert r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] <= 8
     with pytest.raises(APIError, match="context is 8"):
@@ -150,3 +157,128 @@ def test_budgets_are_cut_to_the_context_and_unknown_sessions_are_404s(engine):
     assert svc.delete("ctx") == {"id": "ctx", "deleted": True}
     with pytest.raises(APIError, match="one prompt per request"):
         run(svc.completions("b", {"model": "m", "prompt": ["a", "b"]}))
+
+
+
+# ----------------------------------------------------------------- bad requests
+def test_a_token_prompt_the_engine_cannot_run_is_a_400_and_concurrent_rollouts_complete(engine):
+    """An agent's token-id prompt with an id outside the vocabulary, while training
+    rollouts run on the same engine: the agent gets a 400 naming the id, the
+    rollouts get their whole budget (the service here has no limits of its own: the
+    engine's guard refuses it)."""
+    version = engine.get_version()
+    rollouts = [GenerationRequest([5 + i, 6, 7], 150, 1.0, ignore_eos=True) for i in range(3)]
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(engine.generate(r)) for r in rollouts]
+        await until_running(engine, len(rollouts))
+        with pytest.raises(APIError) as e:
+            await service(engine).completions("oov", {"model": "m", "prompt": [5, 10_000]})
+        return e.value, await asyncio.gather(*tasks)
+
+    err, results = run(scenario())
+    assert err.status == 400 and "prompt token 1 is id 10000, outside the model's vocabulary" in err.message
+    assert err.body()["error"]["param"] == "prompt"
+    assert all(len(r.output_ids) == 150 and r.versions == [version] * 150 for r in results)
+
+
+@pytest.mark.parametrize("prompt,needle", [
+    ([5, 10_000], "prompt token 1 is id 10000, outside the model's vocabulary [0, 87)"),
+    ([-2, 5], "prompt token 0 is id -2, outside"),
+    ([5] * 300, "the prompt is 300 tokens and the model's context is 256"),
+    ("7" * 300, "the prompt is 300 tokens and the model's context is 256"),
+])
+def test_a_prompt_outside_the_models_limits_is_a_400_before_anything_is_generated(
+        engine, random_model_dir, prompt, needle):
+    svc = service(engine, limits=RequestLimits.from_pretrained(random_model_dir))
+    prefills = engine.load()["prefills"]
+    with pytest.raises(APIError) as e:
+        run(svc.completions("bad", {"model": "m", "prompt": prompt}))
+    assert e.value.status == 400 and needle in e.value.message
+    assert engine.load()["prefills"] == prefills
+
+
+def test_max_tokens_is_cut_to_the_runs_max_new_tokens(engine):
+    budgets = []
+    app = InProcessApp(engine)
+
+    async def recording(ids, n, *args):
+        budgets.append(list(n))
+        return await app._generate_batch(ids, n, *args)
+
+    app.generate_batch = _Method(recording)
+    svc = service(engine, max_tokens_cap=3, app=app)
+    r = run(svc.completions("cap", {"model": "m", "prompt": "12+3=", "max_tokens": 50}))
+    run(svc.chat("cap2", {"model": "m", "messages": [{"role": "user", "content": "1"}],
+                          "max_completion_tokens": 2}))
+    assert budgets == [[3], [2]] and r["usage"]["completion_tokens"] <= 3
+
+
+def test_a_request_the_replica_refuses_is_a_400(random_model_dir):
+    """The replicas' engine may have a shorter context than the endpoint knows of
+    (here: none known to the endpoint, 8 tokens to the engine)."""
+    short = HFEngine(random_model_dir, max_model_len=8)
+    with pytest.raises(APIError) as e:
+        run(service(short).completions("long", {"model": "m", "prompt": "123456789"}))
+    assert e.value.status == 400 and "the prompt is 9 tokens and the model's context is 8" in e.value.message
+
+
+def http_request(body: dict) -> Request:
+    data = json.dumps(body).encode()
+
+    async def receive():
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    return Request({"type": "http", "method": "POST", "path": "/", "query_string": b"",
+                    "headers": [(b"content-type", b"application/json")]}, receive)
+
+
+@pytest.mark.parametrize("prompt,status", [([5, 10_000], 400), ([-2], 400), ([5, 6], 200)])
+def test_the_endpoints_handler_answers_a_bad_token_prompt_with_a_400(engine, prompt, status):
+    cls = OpenAIServer.func_or_class  # the deployment's methods, without Serve
+    server = SimpleNamespace(service=service(engine))
+    server._with_body = MethodType(cls._with_body, server)
+    res = run(cls.completions(server, "h", http_request({"model": "m", "prompt": prompt,
+                                                         "max_tokens": 2})))
+    body = json.loads(res.body)
+    assert res.status_code == status
+    assert ("outside the model's vocabulary" in body["error"]["message"]) if status == 400 \
+        else body["usage"]["completion_tokens"] <= 2
+
+
+def test_a_refusal_coming_back_through_ray_is_a_400_with_the_replicas_message(engine):
+    """Serve raises a replica's exception as a RayTaskError that is also an instance of
+    the replica's exception class (`as_instanceof_cause`), whose text is a traceback:
+    the agent gets the replica's own message."""
+    from ray.exceptions import RayTaskError
+
+    from areal_ray.rollout.limits import RequestRejected
+    cause = RequestRejected("the prompt is 9 tokens and the model's context is 8: no room is left")
+    raised = RayTaskError("RolloutServer.generate_batch", "Traceback ...", cause).as_instanceof_cause()
+    assert isinstance(raised, RequestRejected)
+
+    async def refuse(*args):
+        raise raised
+
+    app = InProcessApp(engine)
+    app.generate_batch = _Method(refuse)
+    with pytest.raises(APIError) as e:
+        run(service(engine, app=app).completions("ray", {"model": "m", "prompt": "12"}))
+    assert e.value.status == 400 and e.value.message == str(cause)
+
+
+@pytest.mark.parametrize("engine_kwargs,context", [({}, 256), ({"max_model_len": 64}, 64),
+                                                   ({"context_length": 32}, 32)])
+def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
+        random_model_dir, engine_kwargs, context):
+    from areal_ray.config import load_config
+    from deployments.openai_api import EndpointOptions
+    cfg = load_config(None, ["rollout.max_new_tokens=12"])
+    cfg.rollout.engine_kwargs = engine_kwargs
+    user_class = OpenAIServer.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
+    assert user_class.__name__ == "OpenAIServer"
+    server = SimpleNamespace()
+    user_class.__init__(server, None, random_model_dir, EndpointOptions.from_config(cfg))
+    svc = server.service
+    assert svc.limits == RequestLimits(87, context) and svc.max_tokens_cap == 12
+    assert svc.defaults.max_tokens == 12

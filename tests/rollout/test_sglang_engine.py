@@ -209,8 +209,14 @@ NOT_FLUSHED = ("Weights were updated, but the cache was not flushed because requ
 
 
 class FakeTokenizerManager:
+    VOCAB = 1000
+
     def __init__(self, engine):
         self.engine = engine
+        # what sglang's TokenizerManager reads from the model and its server args
+        self.model_config = SimpleNamespace(vocab_size=self.VOCAB)
+        self.context_len = engine.kwargs.get("context_length", 1 << 20)
+        self.num_reserved_tokens = engine.kwargs.get("reserved", 0)
         self.rid_to_state: dict[str, dict] = {}
         self.at_scheduler: set[str] = set()
         self.aborted: set[str] = set()
@@ -381,6 +387,25 @@ def test_a_seed_without_deterministic_inference_warns_once(engine, caplog):
 def test_zero_budget_does_not_call_the_engine(engine):
     res = asyncio.run(engine.generate(GenerationRequest([1, 2], 0, rid="z")))
     assert (res.output_ids, res.stop_reason, res.rid, engine.engine.calls) == ([], "length", "z", 0)
+
+
+@pytest.mark.parametrize("req,needle", [
+    (GenerationRequest([1, 1000], 4), "prompt token 1 is id 1000, outside the model's vocabulary [0, 1000)"),
+    (GenerationRequest([-5], 4), "prompt token 0 is id -5"),
+    (GenerationRequest([1] * 60, 4), "the prompt is 60 tokens and the model's context is 60"),
+    (GenerationRequest([], 4), "at least one prompt token"),
+])
+def test_a_request_sglang_cannot_run_is_refused_before_it_reaches_sglang(monkeypatch, req, needle):
+    """sglang does not check ids against the vocabulary (an id past the embedding table
+    fails on the GPU, for the whole batch); its context counts the reserved tokens."""
+    monkeypatch.setattr(se, "sgl", SimpleNamespace(Engine=FakeEngine))
+    eng = SGLangEngine("some/model", context_length=64, reserved=4)
+    with pytest.raises(ValueError) as e:
+        asyncio.run(eng.generate(req))
+    assert needle in str(e.value)
+    assert eng.engine.calls == 0
+    res = asyncio.run(eng.generate(GenerationRequest([1, 2], 1000)))  # cut to the context
+    assert len(res.output_ids) == 64 - 4 - 2 and res.stop_reason == "length"
 
 
 async def _until_running(engine, n=1):

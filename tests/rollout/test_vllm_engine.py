@@ -9,15 +9,18 @@ no KV reused across a weight change through the prefix cache.
 
 import asyncio
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from areal_ray.rollout.engine import GenerationRequest, InferenceEngine
+from areal_ray.rollout.limits import RequestLimits
 from areal_ray.rollout.vllm_engine import (
     VLLMEngine,
     engine_args,
+    engine_limits,
     parse_output,
     sampling_kwargs,
 )
@@ -102,6 +105,13 @@ def test_protocol():
     assert isinstance(VLLMEngine.__new__(VLLMEngine), InferenceEngine)
 
 
+@pytest.mark.parametrize("max_model_len,context", [(None, 256), (128, 128)])
+def test_limits_are_those_of_the_model_vllm_runs(embedded_model, max_model_len, context):
+    from vllm.config import ModelConfig
+    cfg = ModelConfig(model=embedded_model, max_model_len=max_model_len, skip_tokenizer_init=True)
+    assert engine_limits(SimpleNamespace(model_config=cfg)) == RequestLimits(87, context)
+
+
 # ----------------------------------------------------------------- the real engine
 @pytest.fixture(scope="module")
 def engine(embedded_model):
@@ -165,6 +175,30 @@ def test_stop_ids_end_a_request_with_the_stop_token_kept(engine, model):
     got = run(engine.generate(GenerationRequest(PROMPT, 12, 0.0, ignore_eos=True, stop_ids=[stop])))
     assert got.output_ids == free.output_ids[:first + 1] and got.stop_reason == "stop"
     assert len(got.logprobs) == len(got.versions) == first + 1
+
+
+def test_a_request_vllm_cannot_run_is_refused_while_the_running_one_completes(engine, model):
+    """Ids go in without vLLM's tokenizer, which is what checks them in vLLM: an id
+    past the vocabulary would reach the engine core. It is refused to its caller, the
+    request already running completes, and the engine serves on; a budget past the
+    context ends at the context."""
+    model.load_state_dict(served(engine, model))
+
+    async def scenario():
+        good = asyncio.ensure_future(engine.generate(GenerationRequest(PROMPT, 64, 1.0, ignore_eos=True)))
+        while engine.load()["running"] == 0:
+            await asyncio.sleep(0.01)
+        for bad in ([5, 87], [5, 10_000], [-1, 5]):
+            with pytest.raises(ValueError, match="outside the model's vocabulary"):
+                await engine.generate(GenerationRequest(bad, 8, 1.0))
+        return await good
+
+    res = run(scenario())
+    assert len(res.output_ids) == 64 and res.stop_reason == "length"
+    ref = teacher_forced(model, PROMPT, res.output_ids, 1.0)
+    assert torch.allclose(torch.tensor(res.logprobs), ref, atol=1e-4)
+    long = run(engine.generate(GenerationRequest(PROMPT, 1000, 1.0, ignore_eos=True)))
+    assert len(long.output_ids) == 256 - len(PROMPT) and long.stop_reason == "length"
 
 
 def served(engine, model):
