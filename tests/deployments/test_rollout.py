@@ -4,6 +4,7 @@ first request, and rolling updates that swap one replica at a time."""
 
 import asyncio
 import random
+import threading
 import time
 import uuid
 
@@ -104,16 +105,27 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deplo
         perturb(model, version)
         pusher.push(model, version)
     (first,) = replica_stats(handle, 1)
-    # Demand far above the target: Serve adds a replica mid-run. It registers with the
-    # driver and loads version 2 in its constructor, before Serve routes anything to it.
-    demand = [handle.generate.remote([5, 6], 100_000, 1.0, True) for _ in range(24)]
-    stats = replica_stats(handle, 2, timeout_s=180)
+    # Demand far above the target, kept up (a request's budget ends at the model's
+    # context): Serve adds a replica mid-run. It registers with the driver and loads
+    # version 2 in its constructor, before Serve routes anything to it.
+    stop = threading.Event()
+
+    def keep_busy():
+        while not stop.is_set():
+            handle.generate.remote([5, 6], 250, 1.0, True).result()
+    demand = [threading.Thread(target=keep_busy, daemon=True) for _ in range(24)]
+    for t in demand:
+        t.start()
+    try:
+        stats = replica_stats(handle, 2, timeout_s=180)
+    finally:
+        stop.set()
+        for t in demand:
+            t.join(120)
     (new,) = set(stats) - {first}
     assert stats[new]["version"] == 2 and [u["version"] for u in stats[new]["updates"]] == [2]
     assert set(replica_digests(handle, 2).values()) == {(2, digest(model.state_dict()))}
     assert set(ray.get(drv.replicas.remote())) == set(stats)
-    for r in demand:
-        r.cancel()
     results = [handle.generate.remote([5, 6], 8, 1.0, True) for _ in range(40)]
     assert all(r.result()["versions"] == [2] * 8 for r in results)
     assert replica_stats(handle, 2)[new]["requests"] > 0  # the new replica served them
