@@ -45,6 +45,20 @@ def random_model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo process group (FSDP2 and DCP need one), destroyed afterwards."""
+    import datetime
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A private local cluster shared by every test that needs Ray (started once)."""

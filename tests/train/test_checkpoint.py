@@ -4,7 +4,6 @@ by `Storage`. Damaged checkpoints are skipped for the previous good one, nothing
 loadable or a changed config is refused before Ray starts, old checkpoints are pruned,
 and no file in a checkpoint can run code when it is loaded."""
 
-import datetime
 import io
 import json
 import logging
@@ -17,7 +16,6 @@ from types import SimpleNamespace
 import pytest
 import ray.train
 import torch
-import torch.distributed as dist
 
 from areal_ray.config import ConfigError, load_config, to_dict
 from areal_ray.config.run import RESUME_GUARDED
@@ -29,16 +27,6 @@ from areal_ray.train.fsdp import full_state_dict, load_sharded_model
 from areal_ray.train.schedule import make_scheduler
 
 B = 2
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Storage:

@@ -2,11 +2,9 @@
 the FSDP2 path of fsdp.py, train_step and the checkpoint's optimizer round trip, as
 Ray Train runs them. The GPU path is the same code with another device."""
 
-import datetime
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
@@ -16,16 +14,6 @@ from areal_ray.train.fsdp import full_state_dict, load_sharded_model, model_devi
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
 from tests.algo.test_packing import make_seqs
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_sharded_model_lives_on_the_device_and_hands_out_cpu_weights(random_model_dir, one_rank_group):
