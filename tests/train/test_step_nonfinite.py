@@ -21,7 +21,6 @@ from areal_ray.train.loop import flatten_groups
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
 from tests.algo.test_packing import make_seqs
-from tests.train.test_fsdp import one_rank_group  # noqa: F401 - a fixture
 from tests.train.test_loop import make_groups
 
 NAN, INF = float("nan"), float("inf")
@@ -128,7 +127,7 @@ def test_an_overflowing_step_is_skipped_with_the_weights_bit_identical(random_mo
 
 
 def test_a_sharded_model_skips_the_step_agreed_over_the_process_group(random_model_dir,
-                                                                     one_rank_group):  # noqa: F811
+                                                                     one_rank_group):
     """The FSDP path (bf16 compute, fp32 master weights) on a one-rank gloo group."""
     model = load_sharded_model(random_model_dir, "bfloat16", master_dtype="float32")
     before = {k: v.clone() for k, v in full_state_dict(model).items()}
