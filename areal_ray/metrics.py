@@ -78,7 +78,8 @@ class DriverMetrics:
         g = _registry.get
         g("areal_version").set(rec["version"], tags=self.tags)
         g("areal_samples_trained").inc(rec["n_samples"], tags=self.tags)
-        g("areal_reward_mean").set(rec["reward_mean"], tags=self.tags)
+        if rec["reward_mean"] is not None:  # None: no finite reward in the batch
+            g("areal_reward_mean").set(rec["reward_mean"], tags=self.tags)
         hist = g("areal_staleness")
         for value, count in (rec.get("staleness_hist") or {}).items():
             for _ in range(int(count)):

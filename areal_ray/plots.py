@@ -21,7 +21,8 @@ def plot_curves(steps: list[dict], out: str | Path, title: str = "") -> Path:
     x = [s["version"] for s in steps]
     fig = Figure(figsize=(7, 8))
     ax_r, ax_s, ax_t = fig.subplots(3, 1, sharex=True)
-    ax_r.plot(x, [s["reward_mean"] for s in steps], marker=".")
+    nan = float("nan")  # a step with no finite reward is a gap in the curve
+    ax_r.plot(x, [nan if s["reward_mean"] is None else s["reward_mean"] for s in steps], marker=".")
     ax_r.set_ylabel("reward (batch mean)")
     ax_s.plot(x, [s["staleness_mean"] for s in steps], marker=".", label="mean")
     ax_s.plot(x, [s["staleness_max"] for s in steps], marker=".", label="max")

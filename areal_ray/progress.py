@@ -23,6 +23,12 @@ from tqdm import tqdm
 RECENT = 5  # steps the ETA averages over
 
 
+def num(value, spec: str) -> str:
+    """A record's number in `spec`, or "n/a": step records hold None where a value
+    was not finite or not measured (train/loop.py), and a step line must still print."""
+    return "n/a" if value is None else format(value, spec)
+
+
 class StepProgress:
     def __init__(self, total_steps: int, stream: TextIO | None = None, bar: bool | None = None):
         """`bar`: None picks the bar when `stream` (stdout by default) is a terminal."""
@@ -56,14 +62,14 @@ class StepProgress:
         tok_s = rec["n_tokens"] / rec["step_s"] if rec.get("step_s") else 0.0
         if self._bar is None:
             print(f"[areal-ray] step {rec['step'] + 1:>4}/{self.total} v{rec['version']:<4} "
-                  f"reward {rec['reward_mean']:.3f}  staleness max {rec['staleness_max']} "
-                  f"mean {rec['staleness_mean']:.2f}  {tok_s:7.0f} tok/s  ETA {self.eta_s():5.0f}s",
+                  f"reward {num(rec['reward_mean'], '.3f')}  staleness max {rec['staleness_max']} "
+                  f"mean {num(rec['staleness_mean'], '.2f')}  {tok_s:7.0f} tok/s  ETA {self.eta_s():5.0f}s",
                   file=self.stream, flush=True)
             return
         self._bar.n = self.done
         self._bar.set_postfix_str(
-            f"v{rec['version']} reward {rec['reward_mean']:.3f} staleness max "
-            f"{rec['staleness_max']} mean {rec['staleness_mean']:.2f} {tok_s:.0f} tok/s "
+            f"v{rec['version']} reward {num(rec['reward_mean'], '.3f')} staleness max "
+            f"{rec['staleness_max']} mean {num(rec['staleness_mean'], '.2f')} {tok_s:.0f} tok/s "
             f"ETA {self.eta_s():.0f}s", refresh=True)
 
     def note(self, text: str) -> None:

@@ -1,14 +1,16 @@
 """Benchmark: reward throughput of the reward stage vs pool size, math and code.
 
     python -m jobs.bench_reward [out=runs/bench_reward.json] [sizes=1,2,4] [groups=48]
+                                [sandbox=auto]
 
 Each measurement streams `groups` prompt groups (8 samples each) through the real
 Ray Data reward stage (RewardStage on an ActorPoolStrategy of fixed size) and reports
 rewards/s in steady state (from the first finished group on; with the pool's start-up
 too) and the checking time added per sample (measured inside the stage). Math
 samples are worked solutions, half right; code samples are programs for the embedded
-problems, half right, each run against 4 tests in the sandbox. Writes JSON and prints
-one summary line.
+problems, half right, each run against 4 tests in the sandbox, in the mode `sandbox`
+names (as `reward.sandbox` of a run: without bubblewrap, auto refuses before anything
+is measured and rlimits must be asked for). Writes JSON and prints one summary line.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext
 
 from areal_ray.config import opt
+from areal_ray.config.reward import SandboxMode
 from areal_ray.reward.pool import RewardStage
-from areal_ray.reward.sandbox import isolation
+from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
+from areal_ray.reward.sandbox import SandboxUnavailable, isolation
 from areal_ray.task.arith import make_split
 from areal_ray.task.code_problems import PROBLEMS, make_rows
 from areal_ray.types import Group, Sample
@@ -79,6 +83,7 @@ class BenchRewardConfig:
     out: str = opt("runs/bench_reward.json", "JSON report path")
     sizes: list = opt([1, 2, 4], "reward pool sizes to measure")
     groups: int = opt(48, "math groups per measurement (half as many code groups)")
+    sandbox: SandboxMode = opt(SandboxMode.auto, "how the code samples run, as reward.sandbox")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,14 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     if c is None:
         return 2
     out, sizes, n_groups = Path(c.out), [int(s) for s in c.sizes], c.groups
+    try:  # before anything runs: a code measurement without its sandbox measures nothing
+        mode = isolation(c.sandbox.value)
+    except SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     repo = str(Path(__file__).resolve().parent.parent)
     ray.init(address="local", num_cpus=max(4, max(sizes)), include_dashboard=False,
-             logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": repo}})
+             logging_level="ERROR", runtime_env={"env_vars": {
+                 "PYTHONPATH": repo, SANDBOX_ENV: c.sandbox.value}})
     DataContext.get_current().enable_progress_bars = False
     workloads = {"math": math_groups(n_groups), "code": code_groups(n_groups // 2)}
     measure(workloads["math"][:4], 1)  # warm-up: worker processes, imports
     results = {kind: [measure(rows, k) for k in sizes] for kind, rows in workloads.items()}
-    report = {"machine": f"{os.cpu_count()} cores", "isolation": isolation(),
+    report = {"machine": f"{os.cpu_count()} cores", "isolation": mode,
               "samples_per_group": GROUP, "results": results}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -239,9 +239,12 @@ def train_loop_per_worker(config: dict) -> None:
 def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: dict) -> dict:
     stale = [s["staleness"] for s in seqs]
     samples = [s for g in groups for s in g.samples]
+    # A non-finite reward was left out of the batch (algo/finite.py) and is counted in
+    # `nonfinite_samples`; the mean is of the rewards that were trained on.
+    rewards = [s.reward or 0.0 for s in samples if s.reward is None or math.isfinite(s.reward)]
     record = {
         "step": step, "version": step + 1,
-        "reward_mean": sum(s.reward or 0.0 for s in samples) / len(samples),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "n_samples": len(samples), "n_tokens": sum(len(s.output_ids) for s in samples),
         "output_lens": [len(s.output_ids) for s in samples],
         "staleness_max": max(stale), "staleness_mean": sum(stale) / len(stale),

@@ -39,3 +39,22 @@ def test_gae_passes_shaped_outcome_rewards_to_the_critic(random_model_dir):
     algo = load_config(None, ["algo.adv.estimator=gae", "algo.reward_shaping.bias=-0.5"]).algo
     seqs = flatten_groups(make_groups(engine, [[1.0, 0.0]]), algo, 8, 0)
     assert [s["advantage"] for s in seqs] == [0.5, -0.5]
+
+
+def test_a_nonfinite_reward_leaves_the_step_record_and_its_line_printable(random_model_dir):
+    import io
+
+    from areal_ray.progress import StepProgress
+    from areal_ray.train.feeder import StepBatch
+    from areal_ray.train.loop import step_record
+
+    engine = HFEngine(random_model_dir)
+    algo = load_config(None, []).algo
+    for rewards, mean in (([float("nan"), 1.0], 1.0), ([float("nan"), float("inf")], None)):
+        groups = make_groups(engine, [rewards])
+        seqs = flatten_groups(groups, algo, 8, 0)
+        rec = step_record(0, groups, seqs, StepBatch(groups, [], 0.5), {"step_s": 1.0})
+        assert rec["reward_mean"] == mean  # the rewards that were trained on
+        out = io.StringIO()
+        StepProgress(1, stream=out).step(rec)
+        assert f"reward {'n/a' if mean is None else '1.000'}" in out.getvalue()
