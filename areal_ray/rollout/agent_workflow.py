@@ -62,6 +62,22 @@ def pick_sample(samples: list[Sample], multi_sample: str) -> Sample | None:
     return samples[-1]
 
 
+class EndpointRefused(RuntimeError):
+    """The endpoint refused the workflow's own call; the message is the endpoint's."""
+
+
+def _check(res) -> None:
+    """Raise EndpointRefused with the endpoint's own message (a 401 names the key, a
+    429 `rollout.openai.max_sessions`), not just the status line."""
+    if res.is_success:
+        return
+    try:
+        message = res.json()["error"]["message"]
+    except Exception:  # noqa: BLE001 - not the endpoint's error body: its text
+        message = res.text[:500]
+    raise EndpointRefused(f"{res.request.method} {res.request.url.path}: {res.status_code} {message}")
+
+
 class AgentWorkflow:
     def __init__(self, config: EpisodeConfig, agent: str, base_url: str = "",
                  multi_sample: str = "last", timeout_s: float = 600.0, api_key: str = ""):
@@ -107,13 +123,13 @@ class AgentWorkflow:
     async def _open(self, sid: str) -> None:
         res = await self.http().post(f"{self.base_url}/sessions/{sid}", headers=self._auth(), json={
             "temperature": self.config.temperature, "max_tokens": self.config.max_new_tokens})
-        res.raise_for_status()
+        _check(res)
 
     async def _samples(self, sid: str) -> list[Sample]:
         res = await self.http().get(f"{self.base_url}/sessions/{sid}", headers=self._auth())
         if res.status_code == 404:  # the agent made no call
             return []
-        res.raise_for_status()
+        _check(res)
         return [Sample(**s) for s in res.json()["samples"]]
 
     async def _delete(self, sid: str) -> None:

@@ -167,3 +167,14 @@ def test_the_run_fills_in_the_endpoint_url_and_key():
                                                        "rollout.openai.enabled=true"]))
     resolve_endpoint(load_config(None, []))  # the single-turn workflow takes no URL
 
+
+
+def test_an_endpoint_refusal_fails_the_episode_with_its_message(engine):  # noqa: F811
+    """A group larger than the endpoint's room: the 429 names rollout.openai.max_sessions
+    (a config to fix, so the episode fails); every session opened is still deleted."""
+    from areal_ray.rollout.agent_workflow import EndpointRefused
+    svc = service(engine)
+    svc.store.max_sessions = 2
+    with pytest.raises(EndpointRefused, match="429 .*rollout.openai.max_sessions"):
+        asyncio.run(workflow(svc, 3, agent=AGENT).arun_episode(None, ROW))
+    assert len(svc.store) == 0
