@@ -243,7 +243,7 @@ def run_training(cfg: Config) -> dict:
     model_path = resolve_model(cfg.model.path)
     check_memory(cfg, model_path)
     check_attention(cfg.model.attn_implementation, cfg.train.use_gpu)  # before any worker loads it
-    resolve_endpoint(cfg)  # an agent workflow's base_url: the endpoint of rollout.openai
+    resolve_endpoint(cfg)  # the endpoint's key; an agent workflow's base_url and api_key
     verifiers = check_plugins(cfg)  # rollout.workflow, reward.checkers: bad paths fail here
     prompts = train_stream(cfg.task, prompt_count(cfg), verifiers)
     held_out = eval_rows(cfg.task, verifiers)
@@ -368,8 +368,10 @@ def start_rollout_app(cfg: Config, model_path: str, driver_name: str, namespace:
                     http_options={"host": endpoint.host, "port": endpoint.port})
         deploy_app(build_openai_app(cfg, app, model_path), app_name, cfg.run.placement_timeout_s,
                    route_prefix=endpoint.route_prefix)
+        # That a key exists and where it comes from; never the key itself.
         print(f"[areal-ray] OpenAI endpoint at {endpoint.base_url(ray.util.get_node_ip_address())}"
-              "/sessions/<sid>/v1", flush=True)
+              "/sessions/<sid>/v1, bearer key rollout.openai.api_key (when not set in the config: "
+              "a random one, passed to the workflow only)", flush=True)
     else:
         serve.start(proxy_location="Disabled")
         deploy_app(app, app_name, cfg.run.placement_timeout_s)

@@ -7,8 +7,9 @@ code written against the `openai` client runs unchanged as a rollout workflow.
     GET    <prefix>/sessions/{sid}          the recorded calls and the Samples they make
     DELETE <prefix>/sessions/{sid}
 
-`openai.AsyncOpenAI(base_url=".../sessions/<sid>/v1", api_key="none")` is all an agent
-needs. Every call of a session is recorded token by token (areal_ray/rollout/sessions.py)
+`openai.AsyncOpenAI(base_url=".../sessions/<sid>/v1", api_key=<rollout.openai.api_key>)`
+is all an agent needs. Every route first checks the bearer key and the body's size
+(areal_ray/rollout/endpoint_auth.py: a 401 or 413 before the body is read or parsed). Every call of a session is recorded token by token (areal_ray/rollout/sessions.py)
 and generated through the Rollout deployment's handle (an `EngineClient`: a lost
 replica is retried) with interruptible resubmission, so a weight push never reaches the
 agent and every token keeps the version that sampled it
@@ -18,7 +19,8 @@ One replica, on purpose: sessions live in the replica's memory, and Serve's HTTP
 has no session affinity, so a second replica would see half of each session's calls.
 The replica only renders, tokenizes and waits on the Rollout replicas, which do the
 generating; one is not a bottleneck at the request rates of CPU and single-node GPU
-runs. Memory is bounded by `rollout.openai.max_sessions` and `session_ttl_s`.
+runs. Memory is bounded by `rollout.openai.max_sessions` live sessions of at most
+`max_session_bytes` each, and `session_ttl_s`.
 
 The app's ingress is then this deployment: the training pipeline keeps calling the
 Rollout deployment by name (`serve.get_deployment_handle(DEPLOYMENT_NAME, app)`).
@@ -26,6 +28,7 @@ Rollout deployment by name (`serve.get_deployment_handle(DEPLOYMENT_NAME, app)`)
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from areal_ray.rollout.endpoint_auth import RequestGuard
 from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.limits import RequestLimits
 from areal_ray.rollout.openai_protocol import APIError, Defaults
@@ -59,18 +63,32 @@ class EndpointOptions:
     max_tokens: int  # default and most max_tokens: rollout.max_new_tokens
     temperature: float  # default temperature: rollout.temperature
     max_model_len: int | None = None  # the engines' context, when set below the model's
+    api_key: str = ""
+    max_request_bytes: int = 8 << 20
+    max_session_bytes: int | None = None
+
+    def __repr__(self) -> str:  # Serve logs its deployments' init args: never the key
+        return f"EndpointOptions(max_sessions={self.max_sessions}, api_key=<redacted>)"
 
     @classmethod
     def from_config(cls, cfg) -> EndpointOptions:
+        """Needs the key: the run makes one when rollout.openai.api_key is empty
+        (agent_workflow.resolve_endpoint), so its workflow gets the same."""
         o, kw = cfg.rollout.openai, cfg.rollout.engine_kwargs or {}
+        if not o.api_key:
+            raise ValueError("rollout.openai.api_key is empty: resolve_endpoint(cfg) makes the "
+                             "run's key before the endpoint is built")
         return cls(o.max_sessions, o.session_ttl_s, cfg.rollout.max_new_tokens,
-                   cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None))
+                   cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None),
+                   o.api_key, o.max_request_bytes, o.max_session_bytes)
 
 
-async def _answer(work) -> JSONResponse:
-    """The JSON of awaitable `work`, or OpenAI's error body with the status."""
+async def _answer(fn, *args) -> JSONResponse:
+    """The JSON of `fn(*args)` (awaited when a coroutine), or OpenAI's error body with
+    the status."""
     try:
-        return JSONResponse(await work)
+        got = fn(*args)
+        return JSONResponse(await got if inspect.isawaitable(got) else got)
     except APIError as e:
         return JSONResponse(e.body(), status_code=e.status)
     except Exception as e:  # noqa: BLE001 - the agent gets a 500 with the reason, the replica lives on
@@ -78,20 +96,14 @@ async def _answer(work) -> JSONResponse:
         return JSONResponse(APIError(500, f"{type(e).__name__}: {e}").body(), status_code=500)
 
 
-async def _body(request: Request) -> dict:
+async def _body(guard: RequestGuard, request: Request) -> dict:
+    """The JSON body, its size checked before it is read (declared) and while (read)."""
+    guard.check_length(request.headers.get("content-length"))
+    data = await guard.read(request.stream())
     try:
-        return await request.json()
+        return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not JSON: {e}") from e
-
-
-async def _call(fn, *args):
-    return fn(*args)
-
-
-def _sync(fn):
-    """`fn` as the coroutine function `_with_body` awaits."""
-    return lambda *args: _call(fn, *args)
 
 
 # Helpers above the class: `serve.ingress` pickles the FastAPI app by value when it
@@ -101,42 +113,47 @@ def _sync(fn):
 class OpenAIServer:
     def __init__(self, rollout, model_path: str, opts: EndpointOptions):
         from areal_ray.task.tokenizer import load_tokenizer
+        self.guard = RequestGuard(opts.api_key, opts.max_request_bytes)
         self.service = OpenAIService(
             load_tokenizer(model_path), EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
-            SessionStore(opts.max_sessions, opts.session_ttl_s), model_name=Path(model_path).name,
+            SessionStore(opts.max_sessions, opts.session_ttl_s, max_session_bytes=opts.max_session_bytes),
+            model_name=Path(model_path).name,
             limits=RequestLimits.from_pretrained(model_path, opts.max_model_len),
             max_tokens_cap=opts.max_tokens)
 
-    async def _with_body(self, method, sid: str, request: Request) -> JSONResponse:
+    async def _serve(self, request: Request, method, *args, body: bool = False) -> JSONResponse:
+        """`method(*args[, the JSON body])`, for a request with the key (401 without)."""
         try:
-            body = await _body(request)
+            self.guard.authorize(request.headers.get("authorization"))
+            if body:
+                args = (*args, await _body(self.guard, request))
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        return await _answer(method(sid, body))
+        return await _answer(method, *args)
 
     @api.post("/sessions/{sid}/v1/completions")
     async def completions(self, sid: str, request: Request) -> JSONResponse:
-        return await self._with_body(self.service.completions, sid, request)
+        return await self._serve(request, self.service.completions, sid, body=True)
 
     @api.post("/sessions/{sid}/v1/chat/completions")
     async def chat_completions(self, sid: str, request: Request) -> JSONResponse:
-        return await self._with_body(self.service.chat, sid, request)
+        return await self._serve(request, self.service.chat, sid, body=True)
 
     @api.get("/sessions/{sid}/v1/models")
-    async def models(self, sid: str) -> JSONResponse:
-        return await _answer(_call(self.service.models))
+    async def models(self, sid: str, request: Request) -> JSONResponse:
+        return await self._serve(request, self.service.models)
 
     @api.post("/sessions/{sid}")
     async def open_session(self, sid: str, request: Request) -> JSONResponse:
-        return await self._with_body(_sync(self.service.open_session), sid, request)
+        return await self._serve(request, self.service.open_session, sid, body=True)
 
     @api.get("/sessions/{sid}")
-    async def session(self, sid: str) -> JSONResponse:
-        return await _answer(_call(self.service.session, sid))
+    async def session(self, sid: str, request: Request) -> JSONResponse:
+        return await self._serve(request, self.service.session, sid)
 
     @api.delete("/sessions/{sid}")
-    async def delete(self, sid: str) -> JSONResponse:
-        return await _answer(_call(self.service.delete, sid))
+    async def delete(self, sid: str, request: Request) -> JSONResponse:
+        return await self._serve(request, self.service.delete, sid)
 
 
 def build_openai_app(cfg, rollout_app, model_path: str):

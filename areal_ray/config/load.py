@@ -88,9 +88,23 @@ def _yaml_problem(e: Exception, where: bool = True) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark and where else problem
 
 
+# Keys whose values are credentials: `to_dict` (what config records and MLflow params
+# are made of) shows them as REDACTED, so a run's files and logs never hold its key.
+SECRETS = ("rollout.openai.api_key", "rollout.workflow_kwargs.api_key")
+REDACTED = "<redacted>"
+
+
 def to_dict(cfg) -> dict:
-    """Plain nested dicts of plain values (choices as their strings)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    """Plain nested dicts of plain values (choices as their strings), secrets redacted."""
+    d = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    for key in SECRETS:
+        *path, leaf = key.split(".")
+        node = d
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(leaf):
+            node[leaf] = REDACTED
+    return d
 
 
 def help_lines(cls=Config, prefix: str = "") -> list[str]:

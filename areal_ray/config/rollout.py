@@ -10,14 +10,19 @@ from dataclasses import dataclass
 from areal_ray.config.choices import Batching, RolloutBackend, Router
 from areal_ray.config.section import opt, require, section
 
+MIN_KEY_CHARS = 16  # a key a person sets: long enough not to be guessed at the port
+
 
 @dataclass(kw_only=True)
 class OpenAIEndpointConfig:
     enabled: bool = opt(False, "serve an OpenAI-compatible endpoint (/sessions/<sid>/v1/...) on the rollout app, recording each session's tokens for training (docs/workflows.md); Serve then runs its HTTP proxy")
-    host: str = opt("127.0.0.1", "address Serve's HTTP proxy binds (0.0.0.0: reachable from other nodes)")
+    host: str = opt("127.0.0.1", "address Serve's HTTP proxy binds: loopback by default; 0.0.0.0 makes it reachable from other nodes (every request still needs api_key; docs/workflows.md)")
     port: int = opt(8000, "port of Serve's HTTP proxy")
     route_prefix: str = opt("/", "the app's route prefix: agents use http://<host>:<port><prefix>/sessions/<sid>/v1")
-    max_sessions: int = opt(4096, "sessions kept in memory; beyond it the least recently used is dropped")
+    api_key: str = opt("", "bearer key every request must carry (Authorization: Bearer <key>: the openai client's api_key), else 401; empty: a random key per job, handed to the workflow (AgentWorkflow's api_key) and shown as <redacted> in config records and MLflow. Set one of your own (e.g. ${oc.env:AREAL_OPENAI_KEY}) for agents outside the run")
+    max_request_bytes: int = opt(8 << 20, "largest request body; a larger one is a 413, refused before it is read")
+    max_session_bytes: int = opt(64 << 20, "most bytes of recorded calls one session holds (a character per byte of text, 8 per token id, logprob, version); a call past it is a 400 and only that session's")
+    max_sessions: int = opt(4096, "live sessions kept in memory; beyond it a new session is a 429 (live ones are never evicted for it; idle ones go after session_ttl_s)")
     session_ttl_s: float = opt(1800.0, "a session idle for longer is dropped (its calls are gone)")
     max_ongoing_requests: int = opt(1024, "requests the endpoint's (single) replica accepts at once")
 
@@ -26,6 +31,14 @@ class OpenAIEndpointConfig:
         require(self.route_prefix.startswith("/"),
                 f"rollout.openai.route_prefix must start with '/', got {self.route_prefix!r}")
         require(self.max_sessions >= 1, "rollout.openai.max_sessions must be >= 1")
+        require(self.max_request_bytes >= 1024,
+                f"rollout.openai.max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        require(self.max_session_bytes >= 1024,
+                f"rollout.openai.max_session_bytes must be >= 1024, got {self.max_session_bytes}")
+        require(not self.api_key or (len(self.api_key) >= MIN_KEY_CHARS and self.api_key.isprintable()
+                                     and not any(c.isspace() for c in self.api_key)),
+                f"rollout.openai.api_key must be at least {MIN_KEY_CHARS} printable characters "
+                "without spaces (empty: a random key per job)")
         require(self.session_ttl_s > 0, "rollout.openai.session_ttl_s must be > 0")
         require(self.max_ongoing_requests >= 1, "rollout.openai.max_ongoing_requests must be >= 1")
 

@@ -25,8 +25,11 @@ The clients do not retry (`max_retries=0`): a retried completion whose first att
 did finish would be recorded twice and break the session's chain. The endpoint already
 retries a lost rollout replica, and resubmits generations a weight push aborted.
 
-URL: `base_url` from `rollout.workflow_kwargs`, or, left empty, filled in by the run
-from `rollout.openai` (`resolve_endpoint`, called before Ray starts).
+URL and key: `base_url` and `api_key` from `rollout.workflow_kwargs`, or, left empty,
+filled in by the run from `rollout.openai` (`resolve_endpoint`, called before Ray
+starts; it also makes the per-job key when `rollout.openai.api_key` is empty). The key
+goes on every request: the agent's client sends it as its `api_key`, and the
+workflow's own calls (open, fetch, delete a session) as the same bearer header.
 """
 
 from __future__ import annotations
@@ -59,9 +62,25 @@ def pick_sample(samples: list[Sample], multi_sample: str) -> Sample | None:
     return samples[-1]
 
 
+class EndpointRefused(RuntimeError):
+    """The endpoint refused the workflow's own call; the message is the endpoint's."""
+
+
+def _check(res) -> None:
+    """Raise EndpointRefused with the endpoint's own message (a 401 names the key, a
+    429 `rollout.openai.max_sessions`), not just the status line."""
+    if res.is_success:
+        return
+    try:
+        message = res.json()["error"]["message"]
+    except Exception:  # noqa: BLE001 - not the endpoint's error body: its text
+        message = res.text[:500]
+    raise EndpointRefused(f"{res.request.method} {res.request.url.path}: {res.status_code} {message}")
+
+
 class AgentWorkflow:
     def __init__(self, config: EpisodeConfig, agent: str, base_url: str = "",
-                 multi_sample: str = "last", timeout_s: float = 600.0):
+                 multi_sample: str = "last", timeout_s: float = 600.0, api_key: str = ""):
         if not base_url:
             raise ValueError("AgentWorkflow needs base_url: set rollout.openai.enabled=true (the "
                              "run passes the endpoint's URL) or rollout.workflow_kwargs.base_url")
@@ -69,7 +88,11 @@ class AgentWorkflow:
             raise ValueError(f"multi_sample must be one of {MULTI_SAMPLE}, got {multi_sample!r}")
         self.config, self.agent = config, import_agent(agent)
         self.base_url, self.multi_sample, self.timeout_s = base_url.rstrip("/"), multi_sample, timeout_s
+        self.api_key = api_key or "none"  # the openai client wants one; an endpoint of another's may not
         self._http, self._loop = None, None
+
+    def __repr__(self) -> str:  # never the key
+        return f"AgentWorkflow(agent={self.agent.__name__!r}, base_url={self.base_url!r})"
 
     def http(self):
         """One HTTP connection pool for all sessions of this event loop's episodes."""
@@ -83,7 +106,7 @@ class AgentWorkflow:
 
     def client(self, sid: str):
         import openai
-        return openai.AsyncOpenAI(base_url=f"{self.base_url}/sessions/{sid}/v1", api_key="none",
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/sessions/{sid}/v1", api_key=self.api_key,
                                   http_client=self.http(), max_retries=0, timeout=self.timeout_s)
 
     async def _run_agent(self, sid: str, row: dict) -> str | None:
@@ -93,21 +116,25 @@ class AgentWorkflow:
                             f"{type(answer).__name__}: it must return the answer text or None")
         return answer
 
+    def _auth(self) -> dict:
+        """The workflow's own calls carry the key as the agent's client does."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
     async def _open(self, sid: str) -> None:
-        res = await self.http().post(f"{self.base_url}/sessions/{sid}", json={
+        res = await self.http().post(f"{self.base_url}/sessions/{sid}", headers=self._auth(), json={
             "temperature": self.config.temperature, "max_tokens": self.config.max_new_tokens})
-        res.raise_for_status()
+        _check(res)
 
     async def _samples(self, sid: str) -> list[Sample]:
-        res = await self.http().get(f"{self.base_url}/sessions/{sid}")
+        res = await self.http().get(f"{self.base_url}/sessions/{sid}", headers=self._auth())
         if res.status_code == 404:  # the agent made no call
             return []
-        res.raise_for_status()
+        _check(res)
         return [Sample(**s) for s in res.json()["samples"]]
 
     async def _delete(self, sid: str) -> None:
         try:
-            await self.http().delete(f"{self.base_url}/sessions/{sid}")
+            await self.http().delete(f"{self.base_url}/sessions/{sid}", headers=self._auth())
         except Exception:  # noqa: BLE001 - the endpoint drops idle sessions anyway
             pass
 
@@ -139,24 +166,31 @@ class AgentWorkflow:
 
 
 def resolve_endpoint(cfg) -> None:
-    """Before Ray starts: a workflow whose constructor takes `base_url`, left unset in
-    `rollout.workflow_kwargs`, gets the endpoint's URL from `rollout.openai` (a
-    ConfigError when the endpoint is off); an AgentWorkflow's agent path is imported
-    (PluginError naming the key)."""
+    """Before Ray starts: with the endpoint on, its key (a random one per job when
+    `rollout.openai.api_key` is empty: never printed, redacted in config records). A
+    workflow whose constructor takes `base_url`, left unset in `rollout.workflow_kwargs`,
+    gets the endpoint's URL from `rollout.openai` (a ConfigError when the endpoint is
+    off), and one that takes `api_key`, left unset, the endpoint's key; an
+    AgentWorkflow's agent path is imported (PluginError naming the key)."""
+    from areal_ray.rollout.endpoint_auth import new_api_key
+    endpoint = cfg.rollout.openai
+    if endpoint.enabled and not endpoint.api_key:
+        endpoint.api_key = new_api_key()
     cls = workflow_class(cfg.rollout.workflow)
     kwargs = dict(cfg.rollout.workflow_kwargs)
     if issubclass(cls, AgentWorkflow) and "agent" in kwargs:
         import_agent(kwargs["agent"])
     try:
-        takes_url = "base_url" in inspect.signature(cls).parameters
+        params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
-        takes_url = False
-    if not takes_url or kwargs.get("base_url"):
-        return
-    if not cfg.rollout.openai.enabled:
-        raise ConfigError(f"rollout.workflow {cfg.rollout.workflow!r} talks to the OpenAI endpoint: "
-                          "set rollout.openai.enabled=true (the run passes its URL as base_url) "
-                          "or rollout.workflow_kwargs.base_url")
-    import ray
-    cfg.rollout.workflow_kwargs = {**kwargs,
-                                   "base_url": cfg.rollout.openai.base_url(ray.util.get_node_ip_address())}
+        params = {}
+    if "base_url" in params and not kwargs.get("base_url"):
+        if not endpoint.enabled:
+            raise ConfigError(f"rollout.workflow {cfg.rollout.workflow!r} talks to the OpenAI endpoint: "
+                              "set rollout.openai.enabled=true (the run passes its URL as base_url) "
+                              "or rollout.workflow_kwargs.base_url")
+        import ray
+        kwargs["base_url"] = endpoint.base_url(ray.util.get_node_ip_address())
+    if "api_key" in params and not kwargs.get("api_key") and endpoint.enabled:
+        kwargs["api_key"] = endpoint.api_key
+    cfg.rollout.workflow_kwargs = kwargs

@@ -13,8 +13,14 @@ Bad requests are 400s, never 500s and never a rollout replica's problem: a token
 prompt is checked against the model's vocabulary, and every prompt against its
 context, here with the same `RequestLimits` the replicas use (limits.py), before
 anything is generated; `max_tokens` is cut to the run's `rollout.max_new_tokens` and
-to the room the context leaves. A request the replica refuses all the same (its
-engine's context may be shorter than the model config's) is a 400 with its message.
+to the room the context leaves (a call asking for more ends "length" there, as its
+`finish_reason` says, so agent code written with a large `max_tokens` runs unchanged).
+A request the replica refuses all the same (its engine's context may be shorter than
+the model config's) is a 400 with its message.
+
+The session store's bounds (sessions.py) answer here: a new session when the store is
+full of live ones is a 429, a call past the session's byte budget a 400; either way
+no other session is touched. Session ids are checked to be short URL-safe names.
 
 The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
 them with an in-process engine.
@@ -22,6 +28,7 @@ them with an in-process engine.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -30,12 +37,16 @@ from areal_ray.rollout.limits import RequestLimits, RequestRejected
 from areal_ray.rollout.openai_protocol import (APIError, Defaults, bad, completion_response,
                                                chat_response, models_response, parse_chat,
                                                parse_completion, parse_defaults, render_chat)
-from areal_ray.rollout.sessions import SessionStore
+from areal_ray.rollout.endpoint_auth import EndpointError
+from areal_ray.rollout.sessions import SessionsFull, SessionStore, SessionTooLarge
 
 if TYPE_CHECKING:
     from areal_ray.rollout.engine_client import EngineClient
 
 MAX_SID_CHARS = 200
+# Letters, digits and `-_.:` (a uuid, a name with a counter): nothing that needs
+# escaping in a URL or a log line.
+SID = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_SID_CHARS)
 
 
 class OpenAIService:
@@ -57,9 +68,13 @@ class OpenAIService:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def _session(self, sid: str):
-        if not sid or len(sid) > MAX_SID_CHARS:
-            raise APIError(400, f"session id must be 1 to {MAX_SID_CHARS} characters")
-        return self.store.open(sid, self.encode, self.decode)
+        if not SID.fullmatch(sid):
+            raise APIError(400, f"session id must be 1 to {MAX_SID_CHARS} letters, digits or "
+                                "'-_.:'")
+        try:
+            return self.store.open(sid, self.encode, self.decode)
+        except SessionsFull as e:
+            raise EndpointError(429, str(e)) from e
 
     async def _generate(self, sid: str, req, text: str | None, token_prompt: list[int] | None):
         session = self._session(sid)
@@ -70,14 +85,22 @@ class OpenAIService:
                 text = self.decode(prompt_ids, False)  # only ids in the vocabulary decode
             else:
                 prompt_ids, extends = session.prompt_ids(text)
+            self.store.check_room(session, text, len(prompt_ids))  # before any is generated
             budget = min(req.max_tokens, self.max_tokens_cap or req.max_tokens)
             part = PartialSample(prompt_ids, self.limits.fit(len(prompt_ids), budget))
             await generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids)
         except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
             raise bad(str(getattr(e, "cause", e)), "prompt") from e
+        except SessionTooLarge as e:
+            raise bad(str(e), "messages") from e
         sample = part.sample()
-        # The session may have been dropped (TTL) while generating: record where it is now.
-        self.store.open(sid, self.encode, self.decode).record(text, prompt_ids, extends, sample)
+        # The session may have been dropped (TTL) while generating: record where it is
+        # now (a store that filled up meanwhile keeps only the answer).
+        try:
+            session = self.store.open(sid, self.encode, self.decode)
+        except SessionsFull:
+            pass
+        session.record(text, prompt_ids, extends, sample)
         token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
         return prompt_ids, sample, self.decode(sample.output_ids), token_texts
 

@@ -25,8 +25,16 @@ generated.
 `Session.samples()` turns a session into training `Sample`s: calls that chain merge
 into one Sample whose output is everything after the first call's prompt; the policy's
 tokens have loss mask 1, the text in between (tool results, user turns) mask 0,
-logprob 0.0 and version -1. `SessionStore` bounds memory: sessions idle for longer
-than a TTL, and the least recently used beyond a count, are dropped.
+logprob 0.0 and version -1.
+
+`SessionStore` bounds memory. Sessions idle for longer than a TTL are dropped; beyond
+`max_sessions` live ones a new session is refused (`SessionsFull`) rather than the
+least recently used evicted: evicting would let anyone who can open sessions cheaply
+throw away the calls of a running episode, and a store full of live sessions is a
+config problem (more agents at once than `max_sessions`) that should be seen. Each
+session's recorded bytes are bounded too: a call that would take a session past
+`max_session_bytes` is refused before it is generated (`SessionTooLarge`), and only
+that session's call fails.
 
 Pure Python, no Ray: `tokenize`/`detokenize` are passed in.
 """
@@ -62,6 +70,31 @@ class Call:
         d.pop("history_texts")
         return d
 
+    @property
+    def nbytes(self) -> int:
+        return record_bytes(self.prompt_text, len(self.prompt_ids), len(self.output_ids),
+                            self.history_texts)
+
+
+# What a recorded call costs, estimated from its payload: a character per byte, 8 bytes
+# per token id, logprob and version (as packed arrays would hold them). Python's lists
+# and objects take a few times more; the bound is on what grows with the agent's input.
+ID_BYTES = 8
+
+
+def record_bytes(prompt_text: str, n_prompt_ids: int, n_output_ids: int,
+                 history_texts: list[str] = ()) -> int:
+    return (len(prompt_text) + sum(len(t) for t in history_texts)
+            + ID_BYTES * (n_prompt_ids + 3 * n_output_ids))
+
+
+class SessionsFull(Exception):
+    """No room for another session: every one held is live (used within the TTL)."""
+
+
+class SessionTooLarge(Exception):
+    """The call would take its session past the store's `max_session_bytes`."""
+
 
 class Session:
     """The calls of one agent session, and how a new request's prompt ids continue them."""
@@ -69,6 +102,7 @@ class Session:
     def __init__(self, sid: str, encode: Encode, decode: Decode):
         self.sid, self.encode, self.decode = sid, encode, decode
         self.calls: list[Call] = []
+        self.nbytes = 0  # of the recorded calls (record_bytes)
         self.defaults = None  # the session's own sampling defaults, when its opener set them
 
     def prompt_ids(self, text: str) -> tuple[list[int], int | None]:
@@ -109,6 +143,7 @@ class Session:
                     n_resubmits=sample.n_resubmits,
                     history_texts=[full] if full == shown else [full, shown])
         self.calls.append(call)
+        self.nbytes += call.nbytes
         return call
 
     def chains(self) -> list[list[Call]]:
@@ -156,29 +191,33 @@ def chain_sample(chain: list[Call], decode: Decode | None = None) -> Sample:
 
 
 class SessionStore:
-    """Sessions by id, bounded: on every access, sessions idle for more than `ttl_s`
-    are dropped, and beyond `max_sessions` the least recently used. A dropped
+    """Sessions by id, bounded (see the module docstring): on every access, sessions
+    idle for more than `ttl_s` are dropped; a new session beyond `max_sessions` live
+    ones is refused; a session's calls are refused past `max_session_bytes`. A dropped
     session's calls are gone (an agent that comes back starts a new one), so the TTL
     must exceed the longest pause inside an episode."""
 
-    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
-        if max_sessions < 1 or ttl_s <= 0:
-            raise ValueError(f"max_sessions ({max_sessions}) must be >= 1 and ttl_s ({ttl_s}) > 0")
+    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 max_session_bytes: int | None = None):
+        if max_sessions < 1 or ttl_s <= 0 or (max_session_bytes is not None and max_session_bytes < 1):
+            raise ValueError(f"max_sessions ({max_sessions}) must be >= 1, ttl_s ({ttl_s}) > 0 and "
+                             f"max_session_bytes ({max_session_bytes}) >= 1")
         self.max_sessions, self.ttl_s, self.clock = max_sessions, ttl_s, clock
+        self.max_session_bytes = max_session_bytes
         self._sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
         self.dropped = 0
 
-    def _evict(self) -> None:
+    def _expire(self) -> None:
         now = self.clock()
-        while self._sessions:
+        while self._sessions:  # least recently used first: stop at the first live one
             sid, (_, used) = next(iter(self._sessions.items()))
-            if now - used <= self.ttl_s and len(self._sessions) <= self.max_sessions:
+            if now - used <= self.ttl_s:
                 break
             del self._sessions[sid]
             self.dropped += 1
 
     def get(self, sid: str) -> Session | None:
-        self._evict()
+        self._expire()
         got = self._sessions.get(sid)
         if got is None:
             return None
@@ -187,13 +226,31 @@ class SessionStore:
         return got[0]
 
     def open(self, sid: str, encode: Encode, decode: Decode) -> Session:
-        """The session `sid`, created on first use."""
+        """The session `sid`, created on first use; SessionsFull when `max_sessions`
+        live sessions are held (none is evicted for it)."""
         session = self.get(sid)
         if session is None:
+            if len(self._sessions) >= self.max_sessions:
+                raise SessionsFull(
+                    f"the endpoint holds {len(self._sessions)} live sessions (rollout.openai."
+                    f"max_sessions); a session is dropped when deleted or after "
+                    f"{self.ttl_s:g} s idle (rollout.openai.session_ttl_s)")
             session = Session(sid, encode, decode)
             self._sessions[sid] = (session, self.clock())
-            self._evict()
         return session
+
+    def check_room(self, session: Session, prompt_text: str, n_prompt_ids: int) -> None:
+        """Raise SessionTooLarge when recording a call of this prompt would take
+        `session` past `max_session_bytes` (its output, unknown yet, may go past by
+        at most one call's budget)."""
+        if self.max_session_bytes is None:
+            return
+        need = session.nbytes + record_bytes(prompt_text, n_prompt_ids, 0, [prompt_text])
+        if need > self.max_session_bytes:
+            raise SessionTooLarge(
+                f"session {session.sid!r} would hold ~{need} bytes of recorded calls with this "
+                f"one, over rollout.openai.max_session_bytes ({self.max_session_bytes}): end "
+                "the episode or start another session")
 
     def pop(self, sid: str) -> Session | None:
         got = self._sessions.pop(sid, None)

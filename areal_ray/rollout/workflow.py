@@ -135,7 +135,8 @@ def check_workflow(path: str, config: EpisodeConfig, kwargs: dict) -> type:
     try:
         inspect.signature(cls).bind(config, **kwargs)
     except TypeError as e:
-        raise PluginError(f"{KEY} {path!r} with rollout.workflow_kwargs {kwargs}: "
+        shown = {k: "<redacted>" if k == "api_key" else v for k, v in kwargs.items()}  # a key stays out of logs
+        raise PluginError(f"{KEY} {path!r} with rollout.workflow_kwargs {shown}: "
                           f"the constructor takes (config, **kwargs): {e}") from e
     if callable(getattr(cls, "check", None)):
         cls.check(config, **kwargs)

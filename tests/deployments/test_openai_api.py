@@ -2,7 +2,9 @@
 the real `openai` client: responses parse, sessions record what was generated, a
 3-turn chat is one trajectory with exact prefix reuse whose versions change after a
 weight push between turns, bad requests are 400s the client raises, and AgentWorkflow
-returns a group of the right shape. One app for the module (Serve restarted with the
+returns a group of the right shape; a request without the key is a 401, an oversized
+body a 413, a session past its byte budget a 400, a full store a 429, and none of them
+disturbs another session. One app for the module (Serve restarted with the
 proxy on a free port, and shut down after, so later modules start their own)."""
 
 import asyncio
@@ -26,6 +28,8 @@ from deployments.rollout import DEPLOYMENT_NAME, build_app
 from tests.train.test_push import perturb
 
 PREFIX = "/rl"
+KEY = "test-endpoint-key-0123456789"
+MAX_REQUEST_BYTES, MAX_SESSION_BYTES, MAX_SESSIONS = 20_000, 6_000, 8
 
 
 def free_port() -> int:
@@ -41,7 +45,10 @@ def endpoint(ray_cluster, random_model_dir):
     port = free_port()
     cfg = load_config(None, ["rollout.num_cpus=0.5", "rollout.max_new_tokens=8",
                              "rollout.openai.enabled=true", f"rollout.openai.port={port}",
-                             f"rollout.openai.route_prefix={PREFIX}"])
+                             f"rollout.openai.route_prefix={PREFIX}", f"rollout.openai.api_key={KEY}",
+                             f"rollout.openai.max_request_bytes={MAX_REQUEST_BYTES}",
+                             f"rollout.openai.max_session_bytes={MAX_SESSION_BYTES}",
+                             f"rollout.openai.max_sessions={MAX_SESSIONS}"])
     serve.shutdown()  # the proxy is set when Serve starts: a fresh Serve with it on
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     app = f"openai-{tag}"
@@ -55,13 +62,16 @@ def endpoint(ray_cluster, random_model_dir):
     ray.kill(driver)
 
 
-def client(endpoint, sid):
-    return openai.AsyncOpenAI(base_url=f"{endpoint['base']}/sessions/{sid}/v1", api_key="none",
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def client(endpoint, sid, key=KEY):
+    return openai.AsyncOpenAI(base_url=f"{endpoint['base']}/sessions/{sid}/v1", api_key=key,
                               max_retries=0)
 
 
 def recorded(endpoint, sid) -> dict:
-    res = httpx.get(f"{endpoint['base']}/sessions/{sid}", timeout=60)
+    res = httpx.get(f"{endpoint['base']}/sessions/{sid}", timeout=60, headers=AUTH)
     res.raise_for_status()
     return res.json()
 
@@ -88,8 +98,8 @@ def test_completions_and_chat_parse_and_the_session_records_them(endpoint):
     assert comp.choices[0].text == tok.decode(calls[0]["output_ids"], skip_special_tokens=True)
     assert chat.choices[0].message.content == tok.decode(calls[1]["output_ids"], skip_special_tokens=True)
     assert calls[1]["extends"] is None  # "7+8=" does not continue the completion
-    assert httpx.delete(f"{endpoint['base']}/sessions/basic").json()["deleted"] is True
-    assert httpx.get(f"{endpoint['base']}/sessions/basic").status_code == 404
+    assert httpx.delete(f"{endpoint['base']}/sessions/basic", headers=AUTH).json()["deleted"] is True
+    assert httpx.get(f"{endpoint['base']}/sessions/basic", headers=AUTH).status_code == 404
 
 
 def test_a_chat_across_a_weight_push_is_one_trajectory(endpoint, tmp_path):
@@ -134,14 +144,14 @@ def test_bad_requests_are_400s_the_client_raises(endpoint):
         with pytest.raises(openai.BadRequestError, match=needle):
             asyncio.run(go(**kwargs))
     bad_json = httpx.post(f"{endpoint['base']}/sessions/bad/v1/completions", content=b"{",
-                          headers={"content-type": "application/json"})
+                          headers={"content-type": "application/json", **AUTH})
     assert bad_json.status_code == 400 and "not JSON" in bad_json.json()["error"]["message"]
 
 
 def test_the_agent_workflow_returns_a_group_of_group_size_samples(endpoint):
     flow = AgentWorkflow(EpisodeConfig(group_size=3, max_new_tokens=8, temperature=1.0),
                          agent="examples.calculator_agent.calculator_agent",
-                         base_url=endpoint["base"])
+                         base_url=endpoint["base"], api_key=KEY)
     row = {"uid": "u", "prompt": "48+39=", "answer": "87", "verifier": "math", "pos": 0}
     group = asyncio.run(flow.arun_episode(None, row))
     assert group.uid == "u" and len(group.samples) == 3
@@ -149,3 +159,76 @@ def test_the_agent_workflow_returns_a_group_of_group_size_samples(endpoint):
     for s in group.samples:
         assert s.prompt_ids == ids and len(s.loss_mask) == len(s.output_ids) == len(s.versions)
         assert s.text == endpoint["tok"].decode(s.output_ids, skip_special_tokens=True)
+
+
+def test_only_requests_with_the_key_and_within_the_limits_are_served(endpoint):
+    """Without the key: 401 on every route, nothing opened or generated. Too large: a
+    413 by Content-Length or by what was read, a 400 past the session's byte budget;
+    max_tokens past rollout.max_new_tokens is cut to it. The session beside them,
+    mid-conversation, goes on undisturbed and its record is intact."""
+    base, messages = endpoint["base"], [{"role": "user", "content": "3+4="}]
+
+    async def chat(sid, key=KEY, **kwargs):
+        return await client(endpoint, sid, key).chat.completions.create(
+            model="any", messages=kwargs.pop("messages", messages), **kwargs)
+
+    first = asyncio.run(chat("bystander", max_tokens=4))
+    for key in ("none", KEY[:-1]):
+        with pytest.raises(openai.AuthenticationError, match="rollout.openai.api_key"):
+            asyncio.run(chat("intruder", key=key))
+    for method, path in [("GET", "/bystander"), ("DELETE", "/bystander"), ("POST", "/intruder"),
+                         ("GET", "/bystander/v1/models")]:
+        res = httpx.request(method, f"{base}/sessions{path}", json={},
+                            headers={"Authorization": "Bearer nope"})
+        assert res.status_code == 401 and res.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(f"{base}/sessions/intruder", headers=AUTH).status_code == 404
+
+    huge = "1" * (MAX_REQUEST_BYTES + 1)
+    with pytest.raises(openai.APIStatusError, match="max_request_bytes") as e:
+        asyncio.run(chat("huge", messages=[{"role": "user", "content": huge}]))
+    assert e.value.status_code == 413
+
+    def chunked():  # no Content-Length: refused by what was read
+        for _ in range(4):
+            yield b" " * (MAX_REQUEST_BYTES // 2)
+    res = httpx.post(f"{base}/sessions/huge/v1/completions", content=chunked(),
+                     headers={"content-type": "application/json", **AUTH})
+    assert res.status_code == 413 and "max_request_bytes" in res.json()["error"]["message"]
+
+    capped = asyncio.run(chat("capped", max_tokens=10_000))  # rollout.max_new_tokens=8
+    assert capped.usage.completion_tokens <= 8 and recorded(endpoint, "capped")["calls"]
+    long = [{"role": "user", "content": "1" * 230}]  # ~2.4 kB recorded per call
+    for _ in range(2):
+        asyncio.run(chat("long", messages=long, max_tokens=2))
+    with pytest.raises(openai.BadRequestError, match="max_session_bytes"):
+        asyncio.run(chat("long", messages=long, max_tokens=2))
+    assert len(recorded(endpoint, "long")["calls"]) == 2
+    with pytest.raises(openai.BadRequestError, match="outside the model's vocabulary"):
+        asyncio.run(client(endpoint, "ids").completions.create(model="any", prompt=[5, 10 ** 9]))
+
+    turn2 = messages + [{"role": "assistant", "content": first.choices[0].message.content},
+                        {"role": "tool", "content": "=7"}]
+    asyncio.run(chat("bystander", messages=turn2, max_tokens=4))
+    calls = recorded(endpoint, "bystander")["calls"]
+    assert len(calls) == 2 and calls[1]["extends"] == 0
+    for sid in ("bystander", "capped", "long", "ids"):
+        httpx.delete(f"{base}/sessions/{sid}", headers=AUTH)
+
+
+def test_a_full_endpoint_refuses_new_sessions_and_keeps_the_live_ones(endpoint):
+    """Opening sessions cannot evict a running episode's: past max_sessions live ones
+    a new one is a 429, and the held ones are all still there."""
+    base, opened = endpoint["base"], []
+    for i in range(MAX_SESSIONS + 1):
+        res = httpx.post(f"{base}/sessions/fill-{i}", json={}, headers=AUTH)
+        if res.status_code != 200:
+            break
+        opened.append(f"fill-{i}")
+    assert res.status_code == 429 and "max_sessions" in res.json()["error"]["message"]
+    assert res.json()["error"]["type"] == "rate_limit_error"
+    assert 1 <= len(opened) <= MAX_SESSIONS
+    for sid in opened:
+        assert httpx.get(f"{base}/sessions/{sid}", headers=AUTH).status_code == 200
+        assert httpx.delete(f"{base}/sessions/{sid}", headers=AUTH).status_code == 200
+    assert httpx.post(f"{base}/sessions/after", json={}, headers=AUTH).status_code == 200
+    httpx.delete(f"{base}/sessions/after", headers=AUTH)

@@ -24,11 +24,14 @@ from tests.rollout.test_openai_service import engine, service  # noqa: F401 - fi
 ROW = {"uid": "u1", "prompt": "4821+3907=", "answer": "8728", "verifier": "math", "pos": 0}
 AGENT = "examples.calculator_agent.calculator_agent"
 BASE = "http://endpoint/areal"
+KEY = "agent-key-0123456789"
 
 
 def transport(svc) -> httpx.MockTransport:
     """Routes of deployments/openai_api.py onto the service."""
     async def handle(request: httpx.Request) -> httpx.Response:
+        # every request, the agent's and the workflow's own, carries the run's key
+        assert request.headers.get("authorization") == f"Bearer {KEY}", request.url
         m = re.fullmatch(r"/areal/sessions/([^/]+)(/v1/.*)?", request.url.path)
         sid, route = m.group(1), m.group(2)
         try:
@@ -59,7 +62,8 @@ class MockedAgentWorkflow(AgentWorkflow):
 
 def workflow(svc, group_size=3, temperature=1.0, **kwargs):
     MockedAgentWorkflow.svc = svc
-    return MockedAgentWorkflow(EpisodeConfig(group_size, 8, temperature), base_url=BASE, **kwargs)
+    return MockedAgentWorkflow(EpisodeConfig(group_size, 8, temperature), base_url=BASE,
+                               api_key=KEY, **kwargs)
 
 
 async def none_agent(client, row):
@@ -144,13 +148,15 @@ def test_pick_sample():
     assert pick_sample([a, b], "reject") is None and pick_sample([], "last") is None
 
 
-def test_the_run_fills_in_the_endpoint_url():
+def test_the_run_fills_in_the_endpoint_url_and_key():
     flow = ["rollout.workflow=areal_ray.rollout.agent_workflow.AgentWorkflow",
             f"rollout.workflow_kwargs={{agent: {AGENT}}}"]
     cfg = load_config(None, flow + ["rollout.openai.enabled=true", "rollout.openai.port=8123",
                                     "rollout.openai.route_prefix=/rl"])
     resolve_endpoint(cfg)
-    assert cfg.rollout.workflow_kwargs == {"agent": AGENT, "base_url": "http://127.0.0.1:8123/rl"}
+    assert cfg.rollout.workflow_kwargs == {"agent": AGENT, "base_url": "http://127.0.0.1:8123/rl",
+                                           "api_key": cfg.rollout.openai.api_key}
+    assert len(cfg.rollout.openai.api_key) >= 40  # made for the job (more: test_endpoint_auth.py)
     with pytest.raises(ConfigError, match="rollout.openai.enabled=true"):
         resolve_endpoint(load_config(None, flow))
     given = load_config(None, flow[:1] + [f"rollout.workflow_kwargs={{agent: {AGENT}, base_url: 'http://x:1'}}"])
@@ -161,3 +167,14 @@ def test_the_run_fills_in_the_endpoint_url():
                                                        "rollout.openai.enabled=true"]))
     resolve_endpoint(load_config(None, []))  # the single-turn workflow takes no URL
 
+
+
+def test_an_endpoint_refusal_fails_the_episode_with_its_message(engine):  # noqa: F811
+    """A group larger than the endpoint's room: the 429 names rollout.openai.max_sessions
+    (a config to fix, so the episode fails); every session opened is still deleted."""
+    from areal_ray.rollout.agent_workflow import EndpointRefused
+    svc = service(engine)
+    svc.store.max_sessions = 2
+    with pytest.raises(EndpointRefused, match="429 .*rollout.openai.max_sessions"):
+        asyncio.run(workflow(svc, 3, agent=AGENT).arun_episode(None, ROW))
+    assert len(svc.store) == 0

@@ -223,27 +223,78 @@ def test_a_request_the_replica_refuses_is_a_400(random_model_dir):
     assert e.value.status == 400 and "the prompt is 9 tokens and the model's context is 8" in e.value.message
 
 
-def http_request(body: dict) -> Request:
+KEY = "service-key-0123456789"
+
+
+def http_request(body: dict, key: str | None = KEY) -> Request:
     data = json.dumps(body).encode()
 
     async def receive():
         return {"type": "http.request", "body": data, "more_body": False}
 
+    headers = [(b"content-type", b"application/json")]
+    if key is not None:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
     return Request({"type": "http", "method": "POST", "path": "/", "query_string": b"",
-                    "headers": [(b"content-type", b"application/json")]}, receive)
+                    "headers": headers}, receive)
+
+
+def handler(engine, max_request_bytes=1 << 20):
+    """The deployment's methods on a service, without Serve."""
+    from areal_ray.rollout.endpoint_auth import RequestGuard
+    cls = OpenAIServer.func_or_class
+    server = SimpleNamespace(service=service(engine), guard=RequestGuard(KEY, max_request_bytes))
+    server._serve = MethodType(cls._serve, server)
+    return cls, server
 
 
 @pytest.mark.parametrize("prompt,status", [([5, 10_000], 400), ([-2], 400), ([5, 6], 200)])
 def test_the_endpoints_handler_answers_a_bad_token_prompt_with_a_400(engine, prompt, status):
-    cls = OpenAIServer.func_or_class  # the deployment's methods, without Serve
-    server = SimpleNamespace(service=service(engine))
-    server._with_body = MethodType(cls._with_body, server)
+    cls, server = handler(engine)
     res = run(cls.completions(server, "h", http_request({"model": "m", "prompt": prompt,
                                                          "max_tokens": 2})))
     body = json.loads(res.body)
     assert res.status_code == status
     assert ("outside the model's vocabulary" in body["error"]["message"]) if status == 400 \
         else body["usage"]["completion_tokens"] <= 2
+
+
+@pytest.mark.parametrize("key,size,status", [(None, 10, 401), ("wrong-key-0123456789", 10, 401),
+                                              (KEY, 10, 200), (KEY, 4000, 413)])
+def test_the_handler_checks_the_key_then_the_size_before_the_body(engine, key, size, status):
+    cls, server = handler(engine, max_request_bytes=2000)
+    res = run(cls.completions(server, "auth", http_request(
+        {"model": "m", "prompt": "1" * size, "max_tokens": 1}, key)))
+    assert res.status_code == status
+    if status != 200:
+        assert json.loads(res.body)["error"]["message"]
+    assert (server.service.store.get("auth") is not None) == (status == 200)
+
+
+def test_a_full_store_is_a_429_and_session_ids_are_checked(engine):
+    svc = OpenAIService(engine.tokenizer, EngineClient(InProcessApp(engine)), Defaults(4, 1.0),
+                        SessionStore(max_sessions=1, ttl_s=600), model_name="tiny")
+    svc.open_session("one", {})
+    with pytest.raises(APIError) as e:
+        svc.open_session("two", {})
+    assert e.value.status == 429 and e.value.body()["error"]["type"] == "rate_limit_error"
+    assert svc.session("one")["id"] == "one"  # the live session was not evicted for it
+    for sid in ("", "a/b", "a b", "x" * 201, "é"):
+        with pytest.raises(APIError, match="session id") as e:
+            svc.open_session(sid, {})
+        assert e.value.status == 400
+
+
+def test_a_call_past_the_sessions_byte_budget_is_a_400_and_only_its_own(engine):
+    svc = OpenAIService(engine.tokenizer, EngineClient(InProcessApp(engine)), Defaults(2, 1.0),
+                        SessionStore(max_sessions=4, ttl_s=600, max_session_bytes=2000),
+                        model_name="tiny")
+    run(svc.completions("big", {"model": "m", "prompt": "1" * 100}))
+    with pytest.raises(APIError, match="max_session_bytes") as e:
+        run(svc.completions("big", {"model": "m", "prompt": "2" * 150}))
+    assert e.value.status == 400
+    assert len(svc.session("big")["calls"]) == 1  # what it had is kept
+    run(svc.completions("small", {"model": "m", "prompt": "2" * 150}))
 
 
 def test_a_refusal_coming_back_through_ray_is_a_400_with_the_replicas_message(engine):
@@ -273,8 +324,11 @@ def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
         random_model_dir, engine_kwargs, context):
     from areal_ray.config import load_config
     from deployments.openai_api import EndpointOptions
-    cfg = load_config(None, ["rollout.max_new_tokens=12"])
+    cfg = load_config(None, ["rollout.max_new_tokens=12", f"rollout.openai.api_key={KEY}",
+                             "rollout.openai.max_session_bytes=4096", "rollout.openai.max_sessions=5"])
     cfg.rollout.engine_kwargs = engine_kwargs
+    with pytest.raises(ValueError, match="api_key is empty"):
+        EndpointOptions.from_config(load_config(None, []))
     user_class = OpenAIServer.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
     assert user_class.__name__ == "OpenAIServer"
     server = SimpleNamespace()
@@ -282,3 +336,5 @@ def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
     svc = server.service
     assert svc.limits == RequestLimits(87, context) and svc.max_tokens_cap == 12
     assert svc.defaults.max_tokens == 12
+    assert (svc.store.max_session_bytes, svc.store.max_sessions) == (4096, 5)
+    assert server.guard.api_key == KEY and KEY not in repr(EndpointOptions.from_config(cfg))

@@ -114,18 +114,21 @@ def test_a_single_call_is_one_sample_of_policy_tokens():
     assert (sample.n_turns, sample.tool_calls) == (1, 0)
 
 
-def test_the_store_drops_idle_and_least_recently_used_sessions():
+def test_the_store_drops_idle_sessions():
+    """(A full store refuses new sessions instead of evicting: test_endpoint_auth.py.)"""
     now = [0.0]
-    store = SessionStore(max_sessions=2, ttl_s=10.0, clock=lambda: now[0])
+    store = SessionStore(max_sessions=3, ttl_s=10.0, clock=lambda: now[0])
     a = store.open("a", encode, decode)
     store.open("b", encode, decode)
     assert store.open("a", encode, decode) is a  # touched: b is now the oldest
     store.open("c", encode, decode)
-    assert store.get("b") is None and store.get("a") is a and len(store) == 2
+    assert store.get("b") is not None and store.get("a") is a and len(store) == 3
     now[0] = 5.0
     store.get("c")
-    now[0] = 12.0  # a idle for 12 s, c for 7 s
-    assert store.get("a") is None and store.get("c") is not None
+    now[0] = 12.0  # a and b idle for 12 s, c for 7 s
+    assert store.get("a") is None and store.get("b") is None and store.get("c") is not None
     assert store.pop("c") is not None and store.pop("c") is None and store.dropped == 2
     with pytest.raises(ValueError):
         SessionStore(max_sessions=0, ttl_s=1.0)
+    with pytest.raises(ValueError):
+        SessionStore(max_sessions=1, ttl_s=1.0, max_session_bytes=0)
