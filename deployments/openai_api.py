@@ -40,6 +40,7 @@ from areal_ray.rollout.limits import RequestLimits
 from areal_ray.rollout.openai_protocol import APIError, Defaults
 from areal_ray.rollout.openai_service import OpenAIService
 from areal_ray.rollout.sessions import SessionStore
+from areal_ray.rollout.sse import EventStream
 
 logger = logging.getLogger("ray.serve")
 
@@ -59,18 +60,22 @@ class EndpointOptions:
     max_tokens: int  # default and most max_tokens: rollout.max_new_tokens
     temperature: float  # default temperature: rollout.temperature
     max_model_len: int | None = None  # the engines' context, when set below the model's
+    tool_parser: str = "none"  # rollout.openai.tool_parser: vLLM's tool parser by name
 
     @classmethod
     def from_config(cls, cfg) -> EndpointOptions:
         o, kw = cfg.rollout.openai, cfg.rollout.engine_kwargs or {}
         return cls(o.max_sessions, o.session_ttl_s, cfg.rollout.max_new_tokens,
-                   cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None))
+                   cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None),
+                   tool_parser=o.tool_parser)
 
 
 async def _answer(work) -> JSONResponse:
-    """The JSON of awaitable `work`, or OpenAI's error body with the status."""
+    """The JSON of awaitable `work` (server-sent events when it is an `EventStream`), or
+    OpenAI's error body with the status."""
     try:
-        return JSONResponse(await work)
+        result = await work
+        return result.response() if isinstance(result, EventStream) else JSONResponse(result)
     except APIError as e:
         return JSONResponse(e.body(), status_code=e.status)
     except Exception as e:  # noqa: BLE001 - the agent gets a 500 with the reason, the replica lives on
@@ -100,12 +105,15 @@ def _sync(fn):
 @serve.ingress(api)
 class OpenAIServer:
     def __init__(self, rollout, model_path: str, opts: EndpointOptions):
+        from areal_ray.rollout.tool_calls import ToolCallParser
         from areal_ray.task.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(model_path)
         self.service = OpenAIService(
-            load_tokenizer(model_path), EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
+            tokenizer, EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
             SessionStore(opts.max_sessions, opts.session_ttl_s), model_name=Path(model_path).name,
             limits=RequestLimits.from_pretrained(model_path, opts.max_model_len),
-            max_tokens_cap=opts.max_tokens)
+            max_tokens_cap=opts.max_tokens,
+            tool_parser=None if opts.tool_parser == "none" else ToolCallParser(opts.tool_parser, tokenizer))
 
     async def _with_body(self, method, sid: str, request: Request) -> JSONResponse:
         try:

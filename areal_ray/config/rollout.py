@@ -20,6 +20,7 @@ class OpenAIEndpointConfig:
     max_sessions: int = opt(4096, "sessions kept in memory; beyond it the least recently used is dropped")
     session_ttl_s: float = opt(1800.0, "a session idle for longer is dropped (its calls are gone)")
     max_ongoing_requests: int = opt(1024, "requests the endpoint's (single) replica accepts at once")
+    tool_parser: str = opt("hermes", "vLLM's tool parser that turns a chat output's calls into `tool_calls` when the request has `tools=` (hermes: Qwen2.5/Qwen3/Hermes `<tool_call>{json}</tool_call>`; any name of vllm.tool_parsers); none: tool calling off")
 
     def check(self) -> None:
         require(1 <= self.port <= 65535, f"rollout.openai.port must be in [1, 65535], got {self.port}")
@@ -28,6 +29,12 @@ class OpenAIEndpointConfig:
         require(self.max_sessions >= 1, "rollout.openai.max_sessions must be >= 1")
         require(self.session_ttl_s > 0, "rollout.openai.session_ttl_s must be > 0")
         require(self.max_ongoing_requests >= 1, "rollout.openai.max_ongoing_requests must be >= 1")
+        if self.enabled:
+            from areal_ray.rollout.tool_calls import check_tool_parser_name  # no vLLM import
+            try:
+                check_tool_parser_name(self.tool_parser)
+            except ValueError as e:
+                require(False, str(e))
 
     def base_url(self, node_ip: str = "127.0.0.1") -> str:
         """Where agents reach the app (without /sessions/...): `node_ip` (the head

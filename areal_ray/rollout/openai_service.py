@@ -16,6 +16,10 @@ anything is generated; `max_tokens` is cut to the run's `rollout.max_new_tokens`
 to the room the context leaves. A request the replica refuses all the same (its
 engine's context may be shorter than the model config's) is a 400 with its message.
 
+Chat requests with `tools` go through tool_calls.py (rendering, the run's vLLM tool
+parser, assistant tool calls replayed as the recorded text); `stream: true` answers
+are cut into chunks from the finished answer (sse.py).
+
 The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
 them with an in-process engine.
 """
@@ -31,9 +35,12 @@ from areal_ray.rollout.openai_protocol import (APIError, Defaults, bad, completi
                                                chat_response, models_response, parse_chat,
                                                parse_completion, parse_defaults, render_chat)
 from areal_ray.rollout.sessions import SessionStore
+from areal_ray.rollout.sse import EventStream, chat_chunks, completion_chunks
+from areal_ray.rollout.tool_calls import replay_messages
 
 if TYPE_CHECKING:
     from areal_ray.rollout.engine_client import EngineClient
+    from areal_ray.rollout.tool_calls import ToolCallParser
 
 MAX_SID_CHARS = 200
 
@@ -41,13 +48,15 @@ MAX_SID_CHARS = 200
 class OpenAIService:
     def __init__(self, tokenizer, client: EngineClient, defaults: Defaults, store: SessionStore,
                  model_name: str, limits: RequestLimits | None = None,
-                 max_tokens_cap: int | None = None):
+                 max_tokens_cap: int | None = None, tool_parser: ToolCallParser | None = None):
         """`limits`: the model's vocabulary and context (None: left to the replicas);
-        `max_tokens_cap`: the most tokens one call generates (rollout.max_new_tokens)."""
+        `max_tokens_cap`: the most tokens one call generates (rollout.max_new_tokens);
+        `tool_parser`: parses `tool_calls` from outputs (None: tool calling off)."""
         self.tokenizer, self.client, self.defaults = tokenizer, client, defaults
         self.store, self.model_name = store, model_name
         self.limits = limits or RequestLimits(None, None)
         self.max_tokens_cap = max_tokens_cap
+        self.tool_parser = tool_parser
         self.created = int(time.time())
 
     def encode(self, text: str) -> list[int]:
@@ -77,8 +86,10 @@ class OpenAIService:
             raise bad(str(getattr(e, "cause", e)), "prompt") from e
         sample = part.sample()
         # The session may have been dropped (TTL) while generating: record where it is now.
-        self.store.open(sid, self.encode, self.decode).record(text, prompt_ids, extends, sample)
+        session = self.store.open(sid, self.encode, self.decode)
+        session.record(text, prompt_ids, extends, sample)
         token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
+        self._last_call = len(session.calls) - 1  # read right after the await, before any other
         return prompt_ids, sample, self.decode(sample.output_ids), token_texts
 
     def _defaults(self, sid: str) -> Defaults:
@@ -99,12 +110,33 @@ class OpenAIService:
             got = await self._generate(sid, req, req.prompt, None)
         else:
             got = await self._generate(sid, req, None, req.prompt)
-        return completion_response(req, *got)
+        resp = completion_response(req, *got)
+        return EventStream(completion_chunks(resp, self._pieces(got[1]), req.include_usage)) \
+            if req.stream else resp
 
-    async def chat(self, sid: str, body: dict) -> dict:
+    def _pieces(self, sample) -> list[str]:
+        return [self.decode([t]) for t in sample.output_ids]
+
+    def _generated_text(self, sid: str):
+        """The text the client was shown for call `index` of `sid` (None: no such call)."""
+        session = self.store.get(sid)
+        calls = session.calls if session is not None else []
+        return lambda index: self.decode(calls[index].output_ids) if 0 <= index < len(calls) else None
+
+    async def chat(self, sid: str, body: dict) -> dict | EventStream:
         req = parse_chat(body, self._defaults(sid), self.encode)
-        text = render_chat(self.tokenizer, req.messages)
-        return chat_response(req, *await self._generate(sid, req, text, None))
+        parse = req.tools is not None and req.tool_choice == "auto"
+        if parse and self.tool_parser is None:
+            raise bad("tool calling is off on this endpoint (rollout.openai.tool_parser=none): "
+                      "send tool_choice='none' to only render the tools", "tool_choice")
+        parser_request = self.tool_parser.request(req.tools, req.tool_choice) if parse else None
+        messages = replay_messages(req.messages, self._generated_text(sid))
+        text = render_chat(self.tokenizer, messages, req.tools)
+        got = await self._generate(sid, req, text, None)
+        parsed = self.tool_parser.parse(got[2], parser_request, self._last_call) if parse else None
+        resp = chat_response(req, *got, parsed=parsed)
+        return EventStream(chat_chunks(resp, self._pieces(got[1]), req.include_usage)) \
+            if req.stream else resp
 
     def models(self) -> dict:
         return models_response(self.model_name, self.created)
