@@ -4,8 +4,9 @@ into a `GenRequest`, results written back as `Completion` / `ChatCompletion` JSO
 Only what our engines can honour is accepted. They sample with a temperature, stop at
 EOS or at token ids, and return one sample per request, so:
 
-- `stop` strings must each encode to exactly one token (it becomes a stop id); the
-  stop token stays at the end of the returned text (vLLM's
+- a `stop` string of one token becomes a stop id; a longer one is a stop string
+  (stop_strings.py: the engine pauses at its last token, the output ends where the
+  string first appears). The stop stays at the end of the returned text (vLLM's
   `include_stop_str_in_output=true`): the text the agent appends to its history is
   then exactly what the model generated, which keeps the session's token chain intact
   (sessions.py).
@@ -81,7 +82,7 @@ class GenRequest:
     model: str
     max_tokens: int
     temperature: float
-    stop_ids: list[int]
+    stop_ids: list[int]  # the ids the engine stops at: one-token stops and pause ids
     logprobs: bool
     return_token_ids: bool
     prompt: str | list[int] | None = None  # completions: text, or token ids
@@ -90,6 +91,8 @@ class GenRequest:
     tool_choice: str = "none"  # "auto": parse the output's calls; "none": do not
     stream: bool = False  # answer in server-sent events (sse.py)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    stop_strings: list[str] = field(default_factory=list)  # stops longer than one token
+    pause_ids: list[int] = field(default_factory=list)  # their last tokens, where the engine pauses
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
@@ -121,24 +124,35 @@ def _int(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
     return v
 
 
-def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
-    """The stop token ids of `stop` (a string or a list of strings); a 400 naming any
-    that is not exactly one token."""
+def stops(stop, encode: Callable[[str], list[int]]) -> tuple[list[int], list[str], list[int]]:
+    """(the stop ids of one-token stops, the longer stop strings, the ids where the
+    engine pauses to look for those: their last tokens) of `stop`, a string or a list
+    of strings."""
     if stop is None:
-        return []
+        return [], [], []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise bad("stop must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOPS:
         raise bad(f"stop: at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
-    ids = []
+    ids, strings, pauses = [], [], []
     for s in stops:
         toks = encode(s) if s else []
-        if len(toks) != 1:
-            raise bad(f"stop sequence {s!r} is {len(toks)} tokens; this endpoint stops on "
-                      "single tokens only (the engines stop on token ids)", "stop")
-        ids.append(toks[0])
-    return ids
+        if not toks:
+            raise bad(f"stop sequence {s!r} is 0 tokens", "stop")
+        if len(toks) == 1:
+            ids.append(toks[0])
+        else:
+            strings.append(s)
+            pauses.append(toks[-1])
+    return ids, strings, [t for t in dict.fromkeys(pauses) if t not in ids]
+
+
+def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
+    """Every id the engine stops at for `stop`: one-token stops, and the pause ids of
+    the longer ones."""
+    ids, _, pauses = stops(stop, encode)
+    return ids + pauses
 
 
 def _temperature(body: dict) -> float | None:
@@ -171,9 +185,11 @@ def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[st
     opts = body.get("stream_options")
     if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
         raise bad("stream_options must be an object like {include_usage: bool}", "stream_options")
+    ids, strings, pauses = stops(body.get("stop"), encode)
     return dict(model=body["model"], max_tokens=budget or defaults.max_tokens,
                 temperature=float(defaults.temperature if t is None else t),
-                stop_ids=stop_ids(body.get("stop"), encode), return_token_ids=bool(rti),
+                stop_ids=ids + pauses, stop_strings=strings, pause_ids=pauses,
+                return_token_ids=bool(rti),
                 stream=bool(stream), include_usage=bool(stream and (opts or {}).get("include_usage")))
 
 

@@ -35,6 +35,7 @@ from areal_ray.rollout.openai_protocol import (APIError, Defaults, bad, completi
                                                chat_response, models_response, parse_chat,
                                                parse_completion, parse_defaults, render_chat)
 from areal_ray.rollout.sessions import SessionStore
+from areal_ray.rollout.stop_strings import run_to_stop_strings
 from areal_ray.rollout.sse import EventStream, chat_chunks, completion_chunks
 from areal_ray.rollout.tool_calls import replay_messages
 
@@ -81,7 +82,9 @@ class OpenAIService:
                 prompt_ids, extends = session.prompt_ids(text)
             budget = min(req.max_tokens, self.max_tokens_cap or req.max_tokens)
             part = PartialSample(prompt_ids, self.limits.fit(len(prompt_ids), budget))
-            await generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids)
+            await run_to_stop_strings(
+                lambda: generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids),
+                part, req.stop_strings, set(req.pause_ids), self.decode)
         except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
             raise bad(str(getattr(e, "cause", e)), "prompt") from e
         sample = part.sample()

@@ -132,7 +132,7 @@ def test_bad_requests_are_400s_the_client_raises(endpoint):
         return await client(endpoint, "bad").chat.completions.create(
             model="any", messages=[{"role": "user", "content": "1+1="}], **kwargs)
 
-    for kwargs, needle in [({"stop": ["12"]}, "single tokens only"), ({"n": 2}, "n must be 1"),
+    for kwargs, needle in [({"stop": ["1", "2", "3", "4", "5"]}, "at most 4"), ({"n": 2}, "n must be 1"),
                            ({"tools": TOOLS, "tool_choice": "required"}, "'required'")]:
         with pytest.raises(openai.BadRequestError, match=needle):
             asyncio.run(go(**kwargs))
