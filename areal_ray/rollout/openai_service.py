@@ -37,7 +37,7 @@ from areal_ray.rollout.openai_protocol import (APIError, Defaults, bad, completi
 from areal_ray.rollout.sessions import SessionStore
 from areal_ray.rollout.stop_strings import run_to_stop_strings
 from areal_ray.rollout.sse import EventStream, chat_chunks, completion_chunks
-from areal_ray.rollout.tool_calls import replay_messages
+from areal_ray.rollout.tool_calls import output_digest, replay_messages
 
 if TYPE_CHECKING:
     from areal_ray.rollout.engine_client import EngineClient
@@ -92,8 +92,7 @@ class OpenAIService:
         session = self.store.open(sid, self.encode, self.decode)
         session.record(text, prompt_ids, extends, sample)
         token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
-        self._last_call = len(session.calls) - 1  # read right after the await, before any other
-        return prompt_ids, sample, self.decode(sample.output_ids), token_texts
+        return prompt_ids, sample, self.decode(sample.output_ids), token_texts, len(session.calls) - 1
 
     def _defaults(self, sid: str) -> Defaults:
         session = self.store.get(sid)
@@ -113,7 +112,7 @@ class OpenAIService:
             got = await self._generate(sid, req, req.prompt, None)
         else:
             got = await self._generate(sid, req, None, req.prompt)
-        resp = completion_response(req, *got)
+        resp = completion_response(req, *got[:4])
         return EventStream(completion_chunks(resp, self._pieces(got[1]), req.include_usage)) \
             if req.stream else resp
 
@@ -121,10 +120,16 @@ class OpenAIService:
         return [self.decode([t]) for t in sample.output_ids]
 
     def _generated_text(self, sid: str):
-        """The text the client was shown for call `index` of `sid` (None: no such call)."""
+        """The text the client was shown for call `index` of `sid`, if its output ids
+        have `digest` (None: no such call)."""
         session = self.store.get(sid)
         calls = session.calls if session is not None else []
-        return lambda index: self.decode(calls[index].output_ids) if 0 <= index < len(calls) else None
+
+        def text(index: int, digest: str) -> str | None:
+            if 0 <= index < len(calls) and output_digest(calls[index].output_ids) == digest:
+                return self.decode(calls[index].output_ids)
+            return None
+        return text
 
     async def chat(self, sid: str, body: dict) -> dict | EventStream:
         req = parse_chat(body, self._defaults(sid), self.encode)
@@ -136,8 +141,9 @@ class OpenAIService:
         messages = replay_messages(req.messages, self._generated_text(sid))
         text = render_chat(self.tokenizer, messages, req.tools)
         got = await self._generate(sid, req, text, None)
-        parsed = self.tool_parser.parse(got[2], parser_request, self._last_call) if parse else None
-        resp = chat_response(req, *got, parsed=parsed)
+        prompt_ids, sample, out_text, token_texts, index = got
+        parsed = self.tool_parser.parse(out_text, parser_request, index, sample.output_ids) if parse else None
+        resp = chat_response(req, prompt_ids, sample, out_text, token_texts, parsed=parsed)
         return EventStream(chat_chunks(resp, self._pieces(got[1]), req.include_usage)) \
             if req.stream else resp
 

@@ -18,7 +18,8 @@ which is the generated text only when the model happened to write the template's
 exact spacing and key order; our embedded char template drops `tool_calls`
 altogether. Either way the prompt would stop extending the recorded text, and the
 session would start a new trajectory from re-encoded tokens. So a call's id names the
-recorded call that produced it (`call_<call index>_<j>_<random>`), and an assistant
+recorded call that produced it (`call_<call index>_<j>_<digest of its output ids>_<random>`;
+the digest makes sure it is that call, in the session as it is now), and an assistant
 message carrying our ids is rendered from that call's generated text
 (`replay_messages`), exactly as a plain-content assistant message is: the rendered
 prompt extends the recorded text and the session reuses its ids (sessions.py). An
@@ -34,6 +35,7 @@ not do: a 400 names them.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import re
@@ -44,7 +46,7 @@ from pathlib import Path
 from areal_ray.rollout.openai_protocol import bad
 
 NONE = "none"
-ID_RE = re.compile(r"^call_(\d+)_(\d+)_[0-9a-f]+$")
+ID_RE = re.compile(r"^call_(\d+)_(\d+)_([0-9a-f]{12})_[0-9a-f]+$")
 
 
 def known_tool_parsers() -> list[str] | None:
@@ -81,13 +83,19 @@ def check_tool_parser_name(name: str) -> None:
                          f"parsers: none, {', '.join(names)}")
 
 
-def new_call_id(call_index: int, j: int) -> str:
-    return f"call_{call_index}_{j}_{uuid.uuid4().hex[:12]}"
+def output_digest(output_ids: list[int]) -> str:
+    return hashlib.blake2s(",".join(map(str, output_ids)).encode(), digest_size=6).hexdigest()
 
 
-def call_index_of(tool_call_id) -> int | None:
+def new_call_id(call_index: int, j: int, output_ids: list[int]) -> str:
+    """The id of call `j` in the output of the session's call `call_index`."""
+    return f"call_{call_index}_{j}_{output_digest(output_ids)}_{uuid.uuid4().hex[:8]}"
+
+
+def call_ref(tool_call_id) -> tuple[int, str] | None:
+    """(call index, output digest) of an id `new_call_id` made; None for another id."""
     m = ID_RE.match(tool_call_id) if isinstance(tool_call_id, str) else None
-    return int(m.group(1)) if m else None
+    return (int(m.group(1)), m.group(3)) if m else None
 
 
 def _arguments_as_object(tool_call: dict) -> dict:
@@ -104,15 +112,16 @@ def _arguments_as_object(tool_call: dict) -> dict:
 
 def replay_messages(messages: list[dict], generated_text) -> list[dict]:
     """`messages` with every assistant message whose tool call ids name a recorded call
-    replaced by that call's generated text (`generated_text(index)`: the text the
-    client was shown, or None when the session has no such call): see the module
-    docstring. Other messages with tool calls get their arguments as objects."""
+    replaced by that call's generated text (`generated_text(index, digest)`: the text
+    the client was shown, or None when the session has no such call, or one whose
+    output ids do not match the digest): see the module docstring. Other messages with
+    tool calls get their arguments as objects."""
     out = []
     for m in messages:
         calls = m.get("tool_calls")
         if m.get("role") == "assistant" and calls:
-            indices = {call_index_of(c.get("id")) for c in calls if isinstance(c, dict)}
-            text = generated_text(indices.pop()) if len(indices) == 1 and None not in indices else None
+            refs = {call_ref(c.get("id")) if isinstance(c, dict) else None for c in calls}
+            text = generated_text(*refs.pop()) if len(refs) == 1 and None not in refs else None
             if text is not None:
                 out.append({"role": "assistant", "content": text})
                 continue
@@ -162,12 +171,13 @@ class ToolCallParser:
         except ValidationError as e:
             raise bad(f"tools: {e.errors()[0].get('msg', e)}", "tools") from e
 
-    def parse(self, text: str, request, call_index: int) -> Parsed:
-        """The calls in `text` (a finished output), with ids naming `call_index`."""
+    def parse(self, text: str, request, call_index: int, output_ids: list[int]) -> Parsed:
+        """The calls in `text` (the finished output `output_ids`, the session's call
+        `call_index`), with ids naming that call."""
         got = self.parser_cls(self.tokenizer).extract_tool_calls(text, request)
         if not got.tools_called:
             return Parsed(text, [])
-        calls = [{"id": new_call_id(call_index, j), "type": "function",
+        calls = [{"id": new_call_id(call_index, j, output_ids), "type": "function",
                   "function": {"name": c.function.name, "arguments": c.function.arguments}}
                  for j, c in enumerate(got.tool_calls)]
         return Parsed(got.content or None, calls)

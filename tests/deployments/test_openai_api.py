@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.agent_workflow import AgentWorkflow
+from areal_ray.rollout.tool_calls import new_call_id
 from areal_ray.rollout.workflow import EpisodeConfig
 from areal_ray.train.push import WeightPusher
 from deployments.openai_api import build_openai_app
@@ -158,7 +159,7 @@ def test_tools_are_accepted_and_a_tool_reply_continues_the_recorded_sample(endpo
     """Over HTTP with the real client, on the default `hermes` parser. The random char
     model never writes a call (its alphabet cannot spell JSON strings), so its answer
     has no `tool_calls`; the reply then carries a call with the id the endpoint gives
-    to calls of the session's first output (tests/rollout/test_tool_calls.py parses
+    to a call in the session's first output (tests/rollout/test_tool_calls.py parses
     real call text with a scripted engine): the client sends it and the tool result
     back, and the request continues the first call's exact ids, one Sample."""
     async def go():
@@ -167,7 +168,8 @@ def test_tools_are_accepted_and_a_tool_reply_continues_the_recorded_sample(endpo
         first = await c.chat.completions.create(model="any", messages=messages, tools=TOOLS,
                                                 tool_choice="auto", max_tokens=6)
         msg = first.choices[0].message
-        call = {"id": "call_0_0_0123abcd", "type": "function",
+        out = recorded(endpoint, "tools")["calls"][0]["output_ids"]
+        call = {"id": new_call_id(0, 0, out), "type": "function",
                 "function": {"name": "calc", "arguments": '{"expr": "12+3"}'}}
         messages += [{"role": "assistant", "content": msg.content, "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": call["id"], "content": "=15"}]

@@ -20,8 +20,9 @@ from areal_ray.rollout.openai_protocol import APIError, Defaults, check_tools, r
 from areal_ray.rollout.openai_service import OpenAIService
 from areal_ray.rollout.sessions import SessionStore
 from areal_ray.rollout.sse import EventStream
-from areal_ray.rollout.tool_calls import (ToolCallParser, call_index_of, check_tool_parser_name,
-                                          known_tool_parsers, new_call_id, replay_messages)
+from areal_ray.rollout.tool_calls import (ToolCallParser, call_ref, check_tool_parser_name,
+                                          known_tool_parsers, new_call_id, output_digest,
+                                          replay_messages)
 from tests.rollout.test_sse import assemble_chat
 from tests.rollout.test_workflow import _Method
 
@@ -59,10 +60,11 @@ def hermes(tokenizer):
     ("<tool_call>{not json</tool_call>", "<tool_call>{not json</tool_call>", []),  # kept as text
 ])
 def test_the_hermes_parser_finds_the_calls_in_the_text(hermes, text, content, calls):
-    got = hermes.parse(text, hermes.request(TOOLS, "auto"), call_index=3)
+    got = hermes.parse(text, hermes.request(TOOLS, "auto"), call_index=3, output_ids=[5, 6])
     assert got.content == content
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in got.tool_calls] == calls
-    assert all(call_index_of(c["id"]) == 3 and c["type"] == "function" for c in got.tool_calls)
+    ref = (3, output_digest([5, 6]))
+    assert all(call_ref(c["id"]) == ref and c["type"] == "function" for c in got.tool_calls)
     assert len({c["id"] for c in got.tool_calls}) == len(calls)
 
 
@@ -123,14 +125,17 @@ def test_a_replayed_call_renders_to_exactly_the_generated_text(tokenizer, templa
     prompt = render_chat(tok, messages, TOOLS)
     assert (template == "qwen") == ("calc" in prompt)  # the char template drops the tools
     sent_back = {"role": "assistant", "content": "ok ", "tool_calls": [
-        {"id": new_call_id(0, 0), "type": "function",
+        {"id": new_call_id(0, 0, [1, 2]), "type": "function",
          "function": {"name": "calc", "arguments": '{"expr": "12+3"}'}}]}
     after = messages + [sent_back, {"role": "tool", "tool_call_id": "x", "content": "15"}]
-    replayed = render_chat(tok, replay_messages(after, {0: generated}.get), TOOLS)
+    recorded = {(0, output_digest([1, 2])): generated}
+    replayed = render_chat(tok, replay_messages(after, lambda *ref: recorded.get(ref)), TOOLS)
     assert replayed.startswith(prompt + generated)
-    foreign = [{**sent_back, "tool_calls": [{**sent_back["tool_calls"][0], "id": "call_abc"}]}]
-    rerendered = render_chat(tok, replay_messages(messages + foreign, {0: generated}.get), TOOLS)
-    assert not rerendered.startswith(prompt + generated)
+    for other in ("call_abc", new_call_id(0, 0, [1, 3])):  # not ours; ours, another output
+        foreign = [{**sent_back, "tool_calls": [{**sent_back["tool_calls"][0], "id": other}]}]
+        rerendered = render_chat(tok, replay_messages(messages + foreign, lambda *ref: recorded.get(ref)),
+                                 TOOLS)
+        assert not rerendered.startswith(prompt + generated)
 
 
 def _with_template(tokenizer, template):
@@ -195,7 +200,8 @@ def test_a_streamed_tool_call_assembles_to_the_non_streamed_answer(tokenizer, he
     message, finish, entries, _ = assemble_chat(stream.chunks)
     want = whole["choices"][0]
     ids = lambda m: [c.pop("id") for c in m.get("tool_calls", [])]  # noqa: E731 - fresh per call
-    assert [call_index_of(i) for i in ids(message)] == [call_index_of(i) for i in ids(want["message"])]
+    assert [call_ref(i) for i in ids(message)] == [call_ref(i) for i in ids(want["message"])] \
+        == [(0, output_digest(svc.session("a")["calls"][0]["output_ids"]))]
     assert message == want["message"] and finish == want["finish_reason"] == "tool_calls"
     assert entries == want["logprobs"]["content"]
 
