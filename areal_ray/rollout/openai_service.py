@@ -140,11 +140,10 @@ class OpenAIService:
         parser_request = self.tool_parser.request(req.tools, req.tool_choice) if parse else None
         messages = replay_messages(req.messages, self._generated_text(sid))
         text = render_chat(self.tokenizer, messages, req.tools)
-        got = await self._generate(sid, req, text, None)
-        prompt_ids, sample, out_text, token_texts, index = got
+        prompt_ids, sample, out_text, token_texts, index = await self._generate(sid, req, text, None)
         parsed = self.tool_parser.parse(out_text, parser_request, index, sample.output_ids) if parse else None
         resp = chat_response(req, prompt_ids, sample, out_text, token_texts, parsed=parsed)
-        return EventStream(chat_chunks(resp, self._pieces(got[1]), req.include_usage)) \
+        return EventStream(chat_chunks(resp, self._pieces(sample), req.include_usage)) \
             if req.stream else resp
 
     def models(self) -> dict:
