@@ -44,6 +44,7 @@ from areal_ray.rollout.limits import RequestLimits
 from areal_ray.rollout.openai_protocol import APIError, Defaults
 from areal_ray.rollout.openai_service import OpenAIService
 from areal_ray.rollout.sessions import SessionStore
+from areal_ray.rollout.sse import EventStream
 
 logger = logging.getLogger("ray.serve")
 
@@ -66,6 +67,7 @@ class EndpointOptions:
     api_key: str = ""
     max_request_bytes: int = 8 << 20
     max_session_bytes: int | None = None
+    tool_parser: str = "none"  # rollout.openai.tool_parser: vLLM's tool parser by name
 
     def __repr__(self) -> str:  # Serve logs its deployments' init args: never the key
         return f"EndpointOptions(max_sessions={self.max_sessions}, api_key=<redacted>)"
@@ -80,15 +82,16 @@ class EndpointOptions:
                              "run's key before the endpoint is built")
         return cls(o.max_sessions, o.session_ttl_s, cfg.rollout.max_new_tokens,
                    cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None),
-                   o.api_key, o.max_request_bytes, o.max_session_bytes)
+                   o.api_key, o.max_request_bytes, o.max_session_bytes, o.tool_parser)
 
 
 async def _answer(fn, *args) -> JSONResponse:
-    """The JSON of `fn(*args)` (awaited when a coroutine), or OpenAI's error body with
-    the status."""
+    """The JSON of `fn(*args)` (awaited when a coroutine; server-sent events when it is
+    an `EventStream`), or OpenAI's error body with the status."""
     try:
         got = fn(*args)
-        return JSONResponse(await got if inspect.isawaitable(got) else got)
+        result = await got if inspect.isawaitable(got) else got
+        return result.response() if isinstance(result, EventStream) else JSONResponse(result)
     except APIError as e:
         return JSONResponse(e.body(), status_code=e.status)
     except Exception as e:  # noqa: BLE001 - the agent gets a 500 with the reason, the replica lives on
@@ -112,14 +115,17 @@ async def _body(guard: RequestGuard, request: Request) -> dict:
 @serve.ingress(api)
 class OpenAIServer:
     def __init__(self, rollout, model_path: str, opts: EndpointOptions):
+        from areal_ray.rollout.tool_calls import ToolCallParser
         from areal_ray.task.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(model_path)
         self.guard = RequestGuard(opts.api_key, opts.max_request_bytes)
         self.service = OpenAIService(
-            load_tokenizer(model_path), EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
+            tokenizer, EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
             SessionStore(opts.max_sessions, opts.session_ttl_s, max_session_bytes=opts.max_session_bytes),
             model_name=Path(model_path).name,
             limits=RequestLimits.from_pretrained(model_path, opts.max_model_len),
-            max_tokens_cap=opts.max_tokens)
+            max_tokens_cap=opts.max_tokens,
+            tool_parser=None if opts.tool_parser == "none" else ToolCallParser(opts.tool_parser, tokenizer))
 
     async def _serve(self, request: Request, method, *args, body: bool = False) -> JSONResponse:
         """`method(*args[, the JSON body])`, for a request with the key (401 without)."""

@@ -25,6 +25,7 @@ class OpenAIEndpointConfig:
     max_sessions: int = opt(4096, "live sessions kept in memory; beyond it a new session is a 429 (live ones are never evicted for it; idle ones go after session_ttl_s)")
     session_ttl_s: float = opt(1800.0, "a session idle for longer is dropped (its calls are gone)")
     max_ongoing_requests: int = opt(1024, "requests the endpoint's (single) replica accepts at once")
+    tool_parser: str = opt("hermes", "vLLM's tool parser that turns a chat output's calls into `tool_calls` when the request has `tools=` (hermes: Qwen2.5/Qwen3/Hermes `<tool_call>{json}</tool_call>`; any name of vllm.tool_parsers); none: tool calling off")
 
     def check(self) -> None:
         require(1 <= self.port <= 65535, f"rollout.openai.port must be in [1, 65535], got {self.port}")
@@ -41,6 +42,12 @@ class OpenAIEndpointConfig:
                 "without spaces (empty: a random key per job)")
         require(self.session_ttl_s > 0, "rollout.openai.session_ttl_s must be > 0")
         require(self.max_ongoing_requests >= 1, "rollout.openai.max_ongoing_requests must be >= 1")
+        if self.enabled:
+            from areal_ray.rollout.tool_calls import check_tool_parser_name  # no vLLM import
+            try:
+                check_tool_parser_name(self.tool_parser)
+            except ValueError as e:
+                require(False, str(e))
 
     def base_url(self, node_ip: str = "127.0.0.1") -> str:
         """Where agents reach the app (without /sessions/...): `node_ip` (the head

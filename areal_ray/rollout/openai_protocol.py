@@ -4,15 +4,20 @@ into a `GenRequest`, results written back as `Completion` / `ChatCompletion` JSO
 Only what our engines can honour is accepted. They sample with a temperature, stop at
 EOS or at token ids, and return one sample per request, so:
 
-- `stop` strings must each encode to exactly one token (it becomes a stop id); the
-  stop token stays at the end of the returned text (vLLM's
+- a `stop` string of one token becomes a stop id; a longer one is a stop string
+  (stop_strings.py: the engine pauses at its last token, the output ends where the
+  string first appears). The stop stays at the end of the returned text (vLLM's
   `include_stop_str_in_output=true`): the text the agent appends to its history is
   then exactly what the model generated, which keeps the session's token chain intact
   (sessions.py).
-- `n` must be 1; `stream`, `top_p`, penalties, `logit_bias`, `tools`/`functions`,
-  `response_format` other than text, `echo`, `suffix`, `best_of` are refused when set
-  to anything but their defaults: silently ignoring them would change what the agent
-  thinks it sampled. Tool calls are the agent's to parse from the text.
+- `n` must be 1; `top_p`, penalties, `logit_bias`, `functions`, `response_format`
+  other than text, `echo`, `suffix`, `best_of` are refused when set to anything but
+  their defaults: silently ignoring them would change what the agent thinks it sampled.
+- Chat takes `tools` and `tool_choice` (`auto`, `none`): the template renders the
+  tools, the run's tool parser turns the output's calls into `tool_calls`, and an
+  assistant message carrying them continues the recorded tokens (tool_calls.py).
+- `stream: true` answers in server-sent events (sse.py); the chunks are cut from the
+  finished answer, so they assemble to exactly the non-streamed one.
 - Fields that do not change sampling (`user`, `seed`, `metadata`, `store`, ...) are
   ignored; an unknown field is a 400 naming it, as OpenAI answers.
 - `logprobs` gives the sampled token's logprob only (`top_logprobs` lists are empty).
@@ -45,9 +50,9 @@ MUST_BE_DEFAULT = {"n": (1,), "stream": (False,), "top_p": (1, 1.0), "frequency_
                    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
                    "response_format": ({"type": "text"},), "audio": (), "prediction": (),
                    "web_search_options": ()}
-COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids"}
+COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids", "stream"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
 MAX_STOPS = 4  # as OpenAI
 
 
@@ -77,11 +82,17 @@ class GenRequest:
     model: str
     max_tokens: int
     temperature: float
-    stop_ids: list[int]
+    stop_ids: list[int]  # the ids the engine stops at: one-token stops and pause ids
     logprobs: bool
     return_token_ids: bool
     prompt: str | list[int] | None = None  # completions: text, or token ids
     messages: list[dict] = field(default_factory=list)  # chat
+    tools: list[dict] | None = None  # chat: the request's tools, rendered by the template
+    tool_choice: str = "none"  # "auto": parse the output's calls; "none": do not
+    stream: bool = False  # answer in server-sent events (sse.py)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    stop_strings: list[str] = field(default_factory=list)  # stops longer than one token
+    pause_ids: list[int] = field(default_factory=list)  # their last tokens, where the engine pauses
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
@@ -92,11 +103,12 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
         raise bad(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0])
     for name, ok in MUST_BE_DEFAULT.items():
         value = body.get(name)
+        if name in allowed:  # this route takes it (checked where it is read)
+            continue
         if value is not None and value not in ok:
             what = "n must be 1 (one sample per request; run several sessions for more)" \
                 if name == "n" else (f"{name}={value!r} is not supported by this endpoint "
-                                     "(it samples with a temperature and stops on token ids; "
-                                     "tool calls are parsed from the text by the agent)")
+                                     "(it samples with a temperature and stops on token ids)")
             raise bad(what, name)
     if not isinstance(body.get("model"), str):
         raise bad("model: a string is required", "model")
@@ -112,24 +124,35 @@ def _int(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
     return v
 
 
-def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
-    """The stop token ids of `stop` (a string or a list of strings); a 400 naming any
-    that is not exactly one token."""
+def stops(stop, encode: Callable[[str], list[int]]) -> tuple[list[int], list[str], list[int]]:
+    """(the stop ids of one-token stops, the longer stop strings, the ids where the
+    engine pauses to look for those: their last tokens) of `stop`, a string or a list
+    of strings."""
     if stop is None:
-        return []
+        return [], [], []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise bad("stop must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOPS:
         raise bad(f"stop: at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
-    ids = []
+    ids, strings, pauses = [], [], []
     for s in stops:
         toks = encode(s) if s else []
-        if len(toks) != 1:
-            raise bad(f"stop sequence {s!r} is {len(toks)} tokens; this endpoint stops on "
-                      "single tokens only (the engines stop on token ids)", "stop")
-        ids.append(toks[0])
-    return ids
+        if not toks:
+            raise bad(f"stop sequence {s!r} is 0 tokens", "stop")
+        if len(toks) == 1:
+            ids.append(toks[0])
+        else:
+            strings.append(s)
+            pauses.append(toks[-1])
+    return ids, strings, [t for t in dict.fromkeys(pauses) if t not in ids]
+
+
+def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
+    """Every id the engine stops at for `stop`: one-token stops, and the pause ids of
+    the longer ones."""
+    ids, _, pauses = stops(stop, encode)
+    return ids + pauses
 
 
 def _temperature(body: dict) -> float | None:
@@ -155,12 +178,19 @@ def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[st
     for name in max_tokens_names:
         budget = budget if budget is not None else _int(body, name, 1)
     t = _temperature(body)
-    rti = body.get("return_token_ids")
-    if rti is not None and not isinstance(rti, bool):
-        raise bad("return_token_ids must be a boolean", "return_token_ids")
+    rti, stream = body.get("return_token_ids"), body.get("stream")
+    for name, v in (("return_token_ids", rti), ("stream", stream)):
+        if v is not None and not isinstance(v, bool):
+            raise bad(f"{name} must be a boolean", name)
+    opts = body.get("stream_options")
+    if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
+        raise bad("stream_options must be an object like {include_usage: bool}", "stream_options")
+    ids, strings, pauses = stops(body.get("stop"), encode)
     return dict(model=body["model"], max_tokens=budget or defaults.max_tokens,
                 temperature=float(defaults.temperature if t is None else t),
-                stop_ids=stop_ids(body.get("stop"), encode), return_token_ids=bool(rti))
+                stop_ids=ids + pauses, stop_strings=strings, pause_ids=pauses,
+                return_token_ids=bool(rti),
+                stream=bool(stream), include_usage=bool(stream and (opts or {}).get("include_usage")))
 
 
 def parse_completion(body: dict, defaults: Defaults, encode) -> GenRequest:
@@ -189,6 +219,24 @@ def _content(msg: dict, i: int) -> str:
               "messages")
 
 
+def check_tools(tools, tool_choice) -> tuple[list[dict] | None, str]:
+    """The request's `tools` and `tool_choice` checked in the shape the chat template
+    and the parser take: (tools or None, "auto" | "none"); tool_calls.py does the rest."""
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) for t in tools):
+            raise bad("tools must be a list of {type: function, function: {name, description?, "
+                      "parameters?}}", "tools")
+    tools = tools or None
+    choice = "auto" if tool_choice is None else tool_choice
+    if choice not in ("auto", "none"):
+        raise bad(f"tool_choice={tool_choice!r} is not supported: only 'auto' and 'none' "
+                  "('required' and a named function need constrained decoding, which this "
+                  "endpoint's engines do not do)", "tool_choice")
+    return tools, choice if tools else "none"
+
+
 def parse_chat(body: dict, defaults: Defaults, encode) -> GenRequest:
     _check_fields(body, CHAT_FIELDS)
     msgs = body.get("messages")
@@ -198,26 +246,30 @@ def parse_chat(body: dict, defaults: Defaults, encode) -> GenRequest:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a role", "messages")
-        if m.get("tool_calls"):
-            raise bad(f"messages[{i}].tool_calls: structured tool calls are not supported; "
-                      "keep the call in the assistant's content", "messages")
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)):
+            raise bad(f"messages[{i}].tool_calls must be a list of {{id, type, function}}", "messages")
         messages.append({**m, "content": _content(m, i)})
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool):
         raise bad("logprobs must be a boolean", "logprobs")
     _int(body, "top_logprobs", 0, 20)
-    return GenRequest(messages=messages, logprobs=bool(lp),
+    tools, tool_choice = check_tools(body.get("tools"), body.get("tool_choice"))
+    return GenRequest(messages=messages, logprobs=bool(lp), tools=tools, tool_choice=tool_choice,
                       **_sampling(body, defaults, encode, ("max_completion_tokens", "max_tokens")))
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The prompt text of `messages` by the tokenizer's chat template, with the
-    assistant's generation prompt; a 400 when the tokenizer has none."""
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The prompt text of `messages` (and `tools`, which the template writes where the
+    model expects them) by the tokenizer's chat template, with the assistant's
+    generation prompt; a 400 when the tokenizer has none."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad(f"the model's tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) has no "
                   "chat template: use /v1/completions with a prompt string", "messages")
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=True)
     except Exception as e:  # noqa: BLE001 - a template raising on these messages is the request's fault
         raise bad(f"the chat template failed on these messages: {type(e).__name__}: {e}",
                   "messages") from e
@@ -253,14 +305,19 @@ def completion_response(req: GenRequest, prompt_ids: list[int], sample, text: st
 
 
 def chat_response(req: GenRequest, prompt_ids: list[int], sample, text: str,
-                  token_texts: list[str]) -> dict:
+                  token_texts: list[str], parsed=None) -> dict:
+    """`parsed` (tool_calls.Parsed): the calls found in `text`; the message's content is
+    then the text outside them, and the finish reason `tool_calls`, as OpenAI's."""
     logprobs = None
     if req.logprobs:
         logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
                                  "top_logprobs": []}
                                 for t, lp in zip(token_texts, sample.logprobs)], "refusal": None}
-    choice = {"index": 0, "message": {"role": "assistant", "content": text},
-              "finish_reason": sample.stop_reason, "logprobs": logprobs,
+    message, finish = {"role": "assistant", "content": text}, sample.stop_reason
+    if parsed is not None and parsed.tool_calls:
+        message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+        finish = "tool_calls"
+    choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs,
               **_extension(req, prompt_ids, sample)}
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": req.model, "choices": [choice],

@@ -22,6 +22,10 @@ The session store's bounds (sessions.py) answer here: a new session when the sto
 full of live ones is a 429, a call past the session's byte budget a 400; either way
 no other session is touched. Session ids are checked to be short URL-safe names.
 
+Chat requests with `tools` go through tool_calls.py (rendering, the run's vLLM tool
+parser, assistant tool calls replayed as the recorded text); `stream: true` answers
+are cut into chunks from the finished answer (sse.py).
+
 The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
 them with an in-process engine.
 """
@@ -39,9 +43,13 @@ from areal_ray.rollout.openai_protocol import (APIError, Defaults, bad, completi
                                                parse_completion, parse_defaults, render_chat)
 from areal_ray.rollout.endpoint_auth import EndpointError
 from areal_ray.rollout.sessions import SessionsFull, SessionStore, SessionTooLarge
+from areal_ray.rollout.sse import EventStream, chat_chunks, completion_chunks
+from areal_ray.rollout.stop_strings import run_to_stop_strings
+from areal_ray.rollout.tool_calls import output_digest, replay_messages
 
 if TYPE_CHECKING:
     from areal_ray.rollout.engine_client import EngineClient
+    from areal_ray.rollout.tool_calls import ToolCallParser
 
 MAX_SID_CHARS = 200
 # Letters, digits and `-_.:` (a uuid, a name with a counter): nothing that needs
@@ -52,13 +60,15 @@ SID = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_SID_CHARS)
 class OpenAIService:
     def __init__(self, tokenizer, client: EngineClient, defaults: Defaults, store: SessionStore,
                  model_name: str, limits: RequestLimits | None = None,
-                 max_tokens_cap: int | None = None):
+                 max_tokens_cap: int | None = None, tool_parser: ToolCallParser | None = None):
         """`limits`: the model's vocabulary and context (None: left to the replicas);
-        `max_tokens_cap`: the most tokens one call generates (rollout.max_new_tokens)."""
+        `max_tokens_cap`: the most tokens one call generates (rollout.max_new_tokens);
+        `tool_parser`: parses `tool_calls` from outputs (None: tool calling off)."""
         self.tokenizer, self.client, self.defaults = tokenizer, client, defaults
         self.store, self.model_name = store, model_name
         self.limits = limits or RequestLimits(None, None)
         self.max_tokens_cap = max_tokens_cap
+        self.tool_parser = tool_parser
         self.created = int(time.time())
 
     def encode(self, text: str) -> list[int]:
@@ -88,7 +98,9 @@ class OpenAIService:
             self.store.check_room(session, text, len(prompt_ids))  # before any is generated
             budget = min(req.max_tokens, self.max_tokens_cap or req.max_tokens)
             part = PartialSample(prompt_ids, self.limits.fit(len(prompt_ids), budget))
-            await generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids)
+            await run_to_stop_strings(
+                lambda: generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids),
+                part, req.stop_strings, set(req.pause_ids), self.decode)
         except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
             raise bad(str(getattr(e, "cause", e)), "prompt") from e
         except SessionTooLarge as e:
@@ -102,7 +114,7 @@ class OpenAIService:
             pass
         session.record(text, prompt_ids, extends, sample)
         token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
-        return prompt_ids, sample, self.decode(sample.output_ids), token_texts
+        return prompt_ids, sample, self.decode(sample.output_ids), token_texts, len(session.calls) - 1
 
     def _defaults(self, sid: str) -> Defaults:
         session = self.store.get(sid)
@@ -122,12 +134,39 @@ class OpenAIService:
             got = await self._generate(sid, req, req.prompt, None)
         else:
             got = await self._generate(sid, req, None, req.prompt)
-        return completion_response(req, *got)
+        resp = completion_response(req, *got[:4])
+        return EventStream(completion_chunks(resp, self._pieces(got[1]), req.include_usage)) \
+            if req.stream else resp
 
-    async def chat(self, sid: str, body: dict) -> dict:
+    def _pieces(self, sample) -> list[str]:
+        return [self.decode([t]) for t in sample.output_ids]
+
+    def _generated_text(self, sid: str):
+        """The text the client was shown for call `index` of `sid`, if its output ids
+        have `digest` (None: no such call)."""
+        session = self.store.get(sid)
+        calls = session.calls if session is not None else []
+
+        def text(index: int, digest: str) -> str | None:
+            if 0 <= index < len(calls) and output_digest(calls[index].output_ids) == digest:
+                return self.decode(calls[index].output_ids)
+            return None
+        return text
+
+    async def chat(self, sid: str, body: dict) -> dict | EventStream:
         req = parse_chat(body, self._defaults(sid), self.encode)
-        text = render_chat(self.tokenizer, req.messages)
-        return chat_response(req, *await self._generate(sid, req, text, None))
+        parse = req.tools is not None and req.tool_choice == "auto"
+        if parse and self.tool_parser is None:
+            raise bad("tool calling is off on this endpoint (rollout.openai.tool_parser=none): "
+                      "send tool_choice='none' to only render the tools", "tool_choice")
+        parser_request = self.tool_parser.request(req.tools, req.tool_choice) if parse else None
+        messages = replay_messages(req.messages, self._generated_text(sid))
+        text = render_chat(self.tokenizer, messages, req.tools)
+        prompt_ids, sample, out_text, token_texts, index = await self._generate(sid, req, text, None)
+        parsed = self.tool_parser.parse(out_text, parser_request, index, sample.output_ids) if parse else None
+        resp = chat_response(req, prompt_ids, sample, out_text, token_texts, parsed=parsed)
+        return EventStream(chat_chunks(resp, self._pieces(sample), req.include_usage)) \
+            if req.stream else resp
 
     def models(self) -> dict:
         return models_response(self.model_name, self.created)

@@ -1,10 +1,12 @@
 """The OpenAI endpoint on a real rollout Serve app behind Serve's HTTP proxy, driven by
 the real `openai` client: responses parse, sessions record what was generated, a
 3-turn chat is one trajectory with exact prefix reuse whose versions change after a
-weight push between turns, bad requests are 400s the client raises, and AgentWorkflow
-returns a group of the right shape; a request without the key is a 401, an oversized
-body a 413, a session past its byte budget a 400, a full store a 429, and none of them
-disturbs another session. One app for the module (Serve restarted with the
+weight push between turns, bad requests are 400s the client raises, AgentWorkflow
+returns a group of the right shape, `tools=` and a `role: tool` reply continue the
+recorded session, and streamed chunks assemble to the non-streamed answer; a request
+without the key is a 401, an oversized body a 413, a session past its byte budget a
+400, a full store a 429, and none of them disturbs another session. One app for the
+module (Serve restarted with the
 proxy on a free port, and shut down after, so later modules start their own)."""
 
 import asyncio
@@ -21,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.agent_workflow import AgentWorkflow
+from areal_ray.rollout.tool_calls import new_call_id
 from areal_ray.rollout.workflow import EpisodeConfig
 from areal_ray.train.push import WeightPusher
 from deployments.openai_api import build_openai_app
@@ -30,6 +33,8 @@ from tests.train.test_push import perturb
 PREFIX = "/rl"
 KEY = "test-endpoint-key-0123456789"
 MAX_REQUEST_BYTES, MAX_SESSION_BYTES, MAX_SESSIONS = 20_000, 6_000, 8
+TOOLS = [{"type": "function", "function": {
+    "name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
 
 
 def free_port() -> int:
@@ -139,8 +144,8 @@ def test_bad_requests_are_400s_the_client_raises(endpoint):
         return await client(endpoint, "bad").chat.completions.create(
             model="any", messages=[{"role": "user", "content": "1+1="}], **kwargs)
 
-    for kwargs, needle in [({"stop": ["12"]}, "single tokens only"), ({"n": 2}, "n must be 1"),
-                           ({"stream": True}, "stream")]:
+    for kwargs, needle in [({"stop": ["1", "2", "3", "4", "5"]}, "at most 4"), ({"n": 2}, "n must be 1"),
+                           ({"tools": TOOLS, "tool_choice": "required"}, "'required'")]:
         with pytest.raises(openai.BadRequestError, match=needle):
             asyncio.run(go(**kwargs))
     bad_json = httpx.post(f"{endpoint['base']}/sessions/bad/v1/completions", content=b"{",
@@ -232,3 +237,69 @@ def test_a_full_endpoint_refuses_new_sessions_and_keeps_the_live_ones(endpoint):
         assert httpx.delete(f"{base}/sessions/{sid}", headers=AUTH).status_code == 200
     assert httpx.post(f"{base}/sessions/after", json={}, headers=AUTH).status_code == 200
     httpx.delete(f"{base}/sessions/after", headers=AUTH)
+
+
+def test_tools_are_accepted_and_a_tool_reply_continues_the_recorded_sample(endpoint):
+    """Over HTTP with the real client, on the default `hermes` parser. The random char
+    model never writes a call (its alphabet cannot spell JSON strings), so its answer
+    has no `tool_calls`; the reply then carries a call with the id the endpoint gives
+    to a call in the session's first output (tests/rollout/test_tool_calls.py parses
+    real call text with a scripted engine): the client sends it and the tool result
+    back, and the request continues the first call's exact ids, one Sample."""
+    async def go():
+        c = client(endpoint, "tools")
+        messages = [{"role": "user", "content": "12+3="}]
+        first = await c.chat.completions.create(model="any", messages=messages, tools=TOOLS,
+                                                tool_choice="auto", max_tokens=6)
+        msg = first.choices[0].message
+        out = recorded(endpoint, "tools")["calls"][0]["output_ids"]
+        call = {"id": new_call_id(0, 0, out), "type": "function",
+                "function": {"name": "calc", "arguments": '{"expr": "12+3"}'}}
+        messages += [{"role": "assistant", "content": msg.content, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": "=15"}]
+        second = await c.chat.completions.create(model="any", messages=messages, tools=TOOLS,
+                                                 max_tokens=6)
+        return first, second
+
+    first, second = asyncio.run(go())
+    assert first.choices[0].message.tool_calls is None
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert second.choices[0].message.role == "assistant"
+    session = recorded(endpoint, "tools")
+    c0, c1 = session["calls"]
+    assert c1["extends"] == 0 and c1["prompt_ids"][:len(c0["prompt_ids"]) + len(c0["output_ids"])] \
+        == c0["prompt_ids"] + c0["output_ids"]
+    (sample,) = session["samples"]
+    assert sample["loss_mask"] == [1] * len(c0["output_ids"]) + [0] * 3 + [1] * len(c1["output_ids"])
+
+
+def test_streamed_chunks_assemble_to_the_non_streamed_answer(endpoint):
+    """Greedy, so two sessions generate the same: one answers whole, one streams; the
+    client's chunks concatenate to the whole answer, and the streamed call is recorded."""
+    messages = [{"role": "user", "content": "48+39="}]
+
+    async def go():
+        whole = await client(endpoint, "whole").chat.completions.create(
+            model="any", messages=messages, temperature=0, max_tokens=8, logprobs=True)
+        stream = await client(endpoint, "streamed").chat.completions.create(
+            model="any", messages=messages, temperature=0, max_tokens=8, logprobs=True,
+            tools=TOOLS, stream=True, stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        comp = await client(endpoint, "whole").completions.create(
+            model="any", prompt="7+8=", temperature=0, max_tokens=8)
+        comp_stream = await client(endpoint, "streamed").completions.create(
+            model="any", prompt="7+8=", temperature=0, max_tokens=8, stream=True)
+        return whole, chunks, comp, [c async for c in comp_stream]
+
+    whole, chunks, comp, comp_chunks = asyncio.run(go())
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content] == [e.logprob for e in whole.choices[0].logprobs.content]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+    assert "".join(c.choices[0].text for c in comp_chunks) == comp.choices[0].text
+    assert comp_chunks[-1].choices[0].finish_reason == comp.choices[0].finish_reason
+    calls = recorded(endpoint, "streamed")["calls"]
+    assert endpoint["tok"].decode(calls[0]["output_ids"], skip_special_tokens=True) == content

@@ -115,12 +115,15 @@ def test_stop_strings_are_stop_ids_and_end_the_output(engine):
 
 
 @pytest.mark.parametrize("body,needle", [
-    ({"stop": ["12"]}, "'12' is 2 tokens"),
     ({"stop": ""}, "0 tokens"),
     ({"n": 2}, "n must be 1"),
-    ({"stream": True}, "stream=True is not supported"),
+    ({"stream": "yes"}, "stream must be a boolean"),
+    ({"stream": True, "stream_options": 1}, "stream_options must be"),
     ({"top_p": 0.5}, "top_p"),
     ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "tool_choice='required' is not supported"),
+    ({"messages": [{"role": "assistant", "tool_calls": "f()"}]}, "tool_calls must be a list"),
     ({"temperature": 3}, "temperature must be"),
     ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
     ({"bogus": 1}, "unrecognized request argument(s): bogus"),
