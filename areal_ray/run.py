@@ -261,7 +261,12 @@ def run_training(cfg: Config) -> dict:
     init_ray(cfg)
     # What killed jobs left (their Serve apps, weight files) would otherwise hold this
     # cluster's CPUs, GPUs and shared memory for good; before the placement check.
-    for line in sweep().lines():
+    try:
+        lines = sweep().lines()
+    except Exception as e:  # noqa: BLE001 - others' leftovers must not stop this run
+        lines = [f"not checked: the sweep failed ({type(e).__name__}: {e}); "
+                 "`python -m jobs.cleanup` retries it"]
+    for line in lines:
         print(f"[areal-ray] clean-up: {line}", flush=True)
     if cfg.run.check_placement:  # before anything is deployed
         check_placement(cfg, model_shape(model_path) if cfg.train.gpu_memory_gib > 0 else None)

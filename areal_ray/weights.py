@@ -153,8 +153,11 @@ class SharedMemoryWeights:
         self.bufs[slot] = None
         if self.paths[slot] is not None:
             self.paths[slot].unlink(missing_ok=True)
-        file = self.owner.weight_file("weights", os.getpid(), f"{slot}.bin") if self.owner \
-            else f"areal-weights-{self.name}-{slot}.bin"
+        if self.owner:
+            from areal_ray.cluster.cleanup import this_cluster
+            file = self.owner.weight_file("weights", this_cluster(), os.getpid(), f"{slot}.bin")
+        else:
+            file = f"areal-weights-{self.name}-{slot}.bin"
         path = self.paths[slot] = staging_dir(total) / file
         return torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from areal_ray.cluster.ownership import (PG_CLEANER_CLASS, Actor, live_tags, stale_apps,
-                                         stale_files, stale_pg_cleaners)
+from areal_ray.cluster.ownership import (PG_CLEANER_CLASS, Actor, cluster_of, live_tags,
+                                         stale_apps, stale_files, stale_pg_cleaners)
 
 
 @dataclass
@@ -48,6 +48,11 @@ def weight_dirs() -> list[Path]:
     return dirs + [Path(tempfile.gettempdir())]
 
 
+def this_cluster() -> int:
+    """The connected cluster's id for weight file names (ownership.cluster_of)."""
+    return cluster_of(ray.get_runtime_context().gcs_address)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -68,7 +73,7 @@ def sweep_local_files(dry_run: bool, own_tag: str = "") -> list[str]:
             continue
     # Owners are read after the files are listed (ownership.py).
     live = live_tags(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
-    stale = [listed[n] for n in stale_files(listed, live, pid_alive, own_tag)]
+    stale = [listed[n] for n in stale_files(listed, this_cluster(), live, pid_alive, own_tag)]
     if not dry_run:
         for p in stale:
             p.unlink(missing_ok=True)

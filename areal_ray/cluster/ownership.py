@@ -16,7 +16,11 @@ So every such resource carries the job's *tag* in its name, and the job's driver
 record: a tag without a live driver actor belongs to a dead job, and whatever runs next
 (the next job's start-up sweep, `python -m jobs.cleanup`) removes what it owned. Weight
 files also carry the writer's pid, so a restarted trainer of a live job removes the
-files of the incarnation before it.
+files of the incarnation before it, and the cluster's GCS port: several clusters on one
+machine share its /dev/shm (a dev box, parallel CI), and only the cluster whose actors
+are asked can say whether a tag is alive, so a sweep judges its own cluster's files
+only. (Files of a cluster that is gone altogether stay until a cluster on that port
+sweeps, or `ray stop` and a reboot.)
 
 The decisions are here, pure and table-tested; `areal_ray/cluster/cleanup.py` looks at
 the cluster and acts. One rule for every decision: what is read about owners is read
@@ -35,7 +39,7 @@ DRIVER_PREFIX = "areal-driver-"
 APP_PREFIX = "areal-rollout-"
 FILE_KINDS = ("weights", "vllm")  # the trainer's shm slots; a vLLM replica's staged file
 _TAG = r"[0-9a-f]{8}"
-_FILE = re.compile(rf"^areal-({'|'.join(FILE_KINDS)})-({_TAG})-(\d+)-[^/]+$")
+_FILE = re.compile(rf"^areal-({'|'.join(FILE_KINDS)})-(\d+)-({_TAG})-(\d+)-[^/]+$")
 PG_CLEANER_CLASS = "PlacementGroupCleaner"  # Ray Train v2's detached per-controller cleaner
 
 
@@ -60,12 +64,13 @@ class Owned:
     def app_name(self) -> str:
         return APP_PREFIX + self.tag
 
-    def weight_file(self, kind: str, pid: int, rest: str) -> str:
-        """The name of a weight file written by process `pid`; `rest` tells a writer's
-        files apart (a slot, a uuid) and ends with the extension."""
+    def weight_file(self, kind: str, cluster: int, pid: int, rest: str) -> str:
+        """The name of a weight file written by process `pid` of the cluster whose GCS
+        listens on port `cluster`; `rest` tells a writer's files apart (a slot, a uuid)
+        and ends with the extension."""
         if kind not in FILE_KINDS:
             raise ValueError(f"weight file kind {kind!r} is not one of {FILE_KINDS}")
-        return f"areal-{kind}-{self.tag}-{pid}-{rest}"
+        return f"areal-{kind}-{cluster}-{self.tag}-{pid}-{rest}"
 
 
 def _tag_after(prefix: str, name: str) -> str | None:
@@ -81,11 +86,21 @@ def tag_of_app(name: str) -> str | None:
     return _tag_after(APP_PREFIX, name)
 
 
-def parse_weight_file(name: str) -> tuple[str, int] | None:
-    """(tag, writer pid) of one of our weight files; None for any other name (files of
-    other programs, and ours from before files carried an owner, are never touched)."""
+def cluster_of(gcs_address: str) -> int:
+    """A cluster's id among those sharing a machine: its GCS port (the same whether a
+    process reached it as 127.0.0.1 or by the node's address)."""
+    host, sep, port = gcs_address.rpartition(":")
+    if not (sep and port.isdigit()):
+        raise ValueError(f"GCS address {gcs_address!r} is not host:port")
+    return int(port)
+
+
+def parse_weight_file(name: str) -> tuple[int, str, int] | None:
+    """(cluster, tag, writer pid) of one of our weight files; None for any other name
+    (files of other programs, and ours from before files carried an owner, are never
+    touched)."""
     m = _FILE.match(name)
-    return (m[2], int(m[3])) if m else None
+    return (int(m[2]), m[3], int(m[4])) if m else None
 
 
 def live_tags(named_actors: Iterable[str]) -> frozenset[str]:
@@ -98,17 +113,18 @@ def stale_apps(apps: Iterable[str], live: frozenset[str]) -> list[str]:
     return sorted(a for a in apps if (t := tag_of_app(a)) and t not in live)
 
 
-def stale_files(names: Iterable[str], live: frozenset[str], pid_alive: Callable[[int], bool],
-                own_tag: str = "") -> list[str]:
-    """Our weight files to remove on one node: those of a dead job, and those of the
-    sweeping job (`own_tag`) whose writer died (an earlier trainer incarnation, a
-    replica killed mid-load). A live *other* job's files stay even when their writer is
-    dead: that job may still be publishing them and removes them itself."""
+def stale_files(names: Iterable[str], cluster: int, live: frozenset[str],
+                pid_alive: Callable[[int], bool], own_tag: str = "") -> list[str]:
+    """Our weight files to remove on one node of `cluster` (`live`: its live tags):
+    those of a dead job, and those of the sweeping job (`own_tag`) whose writer died
+    (an earlier trainer incarnation, a replica killed mid-load). A live *other* job's
+    files stay even when their writer is dead: that job may still be publishing them
+    and removes them itself. Another cluster's files are not this one's to judge."""
     out = []
     for n in names:
-        if (parsed := parse_weight_file(n)) is None:
+        if (parsed := parse_weight_file(n)) is None or parsed[0] != cluster:
             continue
-        tag, pid = parsed
+        _, tag, pid = parsed
         if tag not in live or (tag == own_tag and not pid_alive(pid)):
             out.append(n)
     return sorted(out)

@@ -194,8 +194,12 @@ def stage_file(state_dict: dict, owner: str = "") -> Path:
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     # Named for its owner (the job's tag, with this pid): a replica killed mid-load
     # leaves it behind, and the sweep (areal_ray/cluster/ownership.py) finds it.
-    name = Owned(owner).weight_file("vllm", os.getpid(), f"{uuid.uuid4().hex}.safetensors") \
-        if owner else f"areal-vllm-{uuid.uuid4().hex}.safetensors"
+    if owner:
+        from areal_ray.cluster.cleanup import this_cluster
+        name = Owned(owner).weight_file("vllm", this_cluster(), os.getpid(),
+                                        f"{uuid.uuid4().hex}.safetensors")
+    else:
+        name = f"areal-vllm-{uuid.uuid4().hex}.safetensors"
     path = staging_dir(nbytes) / name
     try:
         save_file(tensors, str(path))

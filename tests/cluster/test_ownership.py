@@ -3,9 +3,9 @@ table, without Ray; `tests/jobs/test_cleanup.py` kills a real job on a `ray star
 
 import pytest
 
-from areal_ray.cluster.ownership import (Actor, Owned, live_tags, new_tag, parse_weight_file,
-                                         stale_apps, stale_files, stale_pg_cleaners, tag_of_app,
-                                         tag_of_driver)
+from areal_ray.cluster.ownership import (Actor, Owned, cluster_of, live_tags, new_tag,
+                                         parse_weight_file, stale_apps, stale_files,
+                                         stale_pg_cleaners, tag_of_app, tag_of_driver)
 
 DEAD, LIVE, ME = "deadbeef", "0123abcd", "feedf00d"
 
@@ -13,9 +13,9 @@ DEAD, LIVE, ME = "deadbeef", "0123abcd", "feedf00d"
 def test_a_tag_names_everything_its_job_owns():
     o = Owned(LIVE)
     assert (o.driver_name, o.app_name) == ("areal-driver-0123abcd", "areal-rollout-0123abcd")
-    assert o.weight_file("weights", 42, "0.bin") == "areal-weights-0123abcd-42-0.bin"
+    assert o.weight_file("weights", 6379, 42, "0.bin") == "areal-weights-6379-0123abcd-42-0.bin"
     assert tag_of_driver(o.driver_name) == tag_of_app(o.app_name) == LIVE
-    assert parse_weight_file(o.weight_file("vllm", 7, "ab12.safetensors")) == (LIVE, 7)
+    assert parse_weight_file(o.weight_file("vllm", 6379, 7, "ab12.safetensors")) == (6379, LIVE, 7)
     assert Owned(new_tag()).tag != Owned(new_tag()).tag
 
 
@@ -29,17 +29,23 @@ def test_a_bad_tag_is_named(bad, message):
 
 def test_a_bad_file_kind_is_named():
     with pytest.raises(ValueError, match="weight file kind 'ckpt' is not one of"):
-        Owned(LIVE).weight_file("ckpt", 1, "x")
+        Owned(LIVE).weight_file("ckpt", 6379, 1, "x")
+
+
+def test_the_cluster_is_its_gcs_port_however_it_was_reached():
+    assert cluster_of("127.0.0.1:6379") == cluster_of("10.0.0.5:6379") == 6379
+    with pytest.raises(ValueError, match="GCS address 'auto' is not host:port"):
+        cluster_of("auto")
 
 
 @pytest.mark.parametrize("name, parsed", [
-    ("areal-weights-0123abcd-42-0.bin", ("0123abcd", 42)),
-    ("areal-vllm-0123abcd-9-cafe.safetensors", ("0123abcd", 9)),
-    ("areal-weights-0123abcd-0.bin", None),           # no pid: not ours to judge
+    ("areal-weights-6379-0123abcd-42-0.bin", (6379, "0123abcd", 42)),
+    ("areal-vllm-6379-0123abcd-9-cafe.safetensors", (6379, "0123abcd", 9)),
+    ("areal-weights-0123abcd-42-0.bin", None),        # no cluster: not ours to judge
     ("areal-weights-5f3a9c01be77-0.bin", None),        # unowned (benchmarks, tests, older runs)
     ("areal-vllm-5f3a9c01be7745aa9d01c2e3f4a5b6c7.safetensors", None),
-    ("areal-weights-0123ABCD-42-0.bin", None),
-    ("areal-other-0123abcd-42-0.bin", None),
+    ("areal-weights-6379-0123ABCD-42-0.bin", None),
+    ("areal-other-6379-0123abcd-42-0.bin", None),
     ("pymp-xyz", None),
 ])
 def test_weight_file_names(name, parsed):
@@ -60,14 +66,17 @@ def test_stale_apps_are_ours_whose_driver_is_gone():
 
 
 PIDS_ALIVE = {100, 300}
+C, OTHER_C = 6379, 6380  # the sweeping cluster, another one on the same machine
 FILES = [  # (name, removed by another job's sweep, removed by the owner's own sweep)
-    (f"areal-weights-{DEAD}-100-0.bin", True, True),   # dead job, writer alive (pid reused)
-    (f"areal-weights-{DEAD}-200-1.bin", True, True),   # dead job
-    (f"areal-weights-{LIVE}-100-0.bin", False, False),  # live job, live writer
-    (f"areal-weights-{LIVE}-200-0.bin", False, False),  # live job, dead writer: its own business
-    (f"areal-weights-{ME}-300-0.bin", False, False),    # the sweeping job's live trainer
-    (f"areal-weights-{ME}-200-0.bin", False, True),     # the sweeping job's earlier trainer
-    (f"areal-vllm-{ME}-200-ab.safetensors", False, True),  # a replica killed mid-load
+    (f"areal-weights-{C}-{DEAD}-100-0.bin", True, True),   # dead job, writer alive (pid reused)
+    (f"areal-weights-{C}-{DEAD}-200-1.bin", True, True),   # dead job
+    (f"areal-weights-{C}-{LIVE}-100-0.bin", False, False),  # live job, live writer
+    (f"areal-weights-{C}-{LIVE}-200-0.bin", False, False),  # live job, dead writer: its own business
+    (f"areal-weights-{C}-{ME}-300-0.bin", False, False),    # the sweeping job's live trainer
+    (f"areal-weights-{C}-{ME}-200-0.bin", False, True),     # the sweeping job's earlier trainer
+    (f"areal-vllm-{C}-{ME}-200-ab.safetensors", False, True),  # a replica killed mid-load
+    (f"areal-weights-{OTHER_C}-{DEAD}-200-0.bin", False, False),  # another cluster's: not ours
+    (f"areal-weights-{OTHER_C}-{ME}-200-0.bin", False, False),
     ("areal-weights-5f3a9c01be77-0.bin", False, False),  # unowned
     ("unrelated.bin", False, False),
 ]
@@ -77,7 +86,7 @@ FILES = [  # (name, removed by another job's sweep, removed by the owner's own s
 def test_stale_files(own_tag, column):
     live = frozenset({LIVE, ME})
     expect = sorted(row[0] for row in FILES if row[column])
-    assert stale_files([r[0] for r in FILES], live, PIDS_ALIVE.__contains__, own_tag) == expect
+    assert stale_files([r[0] for r in FILES], C, live, PIDS_ALIVE.__contains__, own_tag) == expect
 
 
 def test_pg_cleaners_of_dead_jobs_only():

@@ -56,7 +56,9 @@ class App:
         return "ok"
 
 serve.run(App.bind(), name="areal-rollout-%(tag)s", route_prefix=None)
-for name in ("areal-weights-%(tag)s-%%d-0.bin" %% os.getpid(), "areal-weights-%(tag)s-999999-1.bin"):
+port = sys.argv[1].rsplit(":", 1)[1]
+for name in ("areal-weights-%%s-%(tag)s-%%d-0.bin" %% (port, os.getpid()),
+             "areal-weights-%%s-%(tag)s-999999-1.bin" %% port):
     open(os.path.join("/dev/shm", name), "wb").write(b"x")
 sys.stdin.read()  # until the test closes it
 """ % {"tag": LIVE}
@@ -99,8 +101,8 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
         # Running: its app serves and its trainer has pushed weights through /dev/shm.
         # (Other jobs on this machine write weight files too: only an owned one, new.)
         deadline = time.time() + 300
-        while not (tags := {t[0] for p in SHM.glob("areal-weights-*") if p.name not in before
-                            and (t := parse_weight_file(p.name)) and t[0] != LIVE}):
+        while not (tags := {t[1] for p in SHM.glob("areal-weights-*") if p.name not in before
+                            and (t := parse_weight_file(p.name)) and t[1] != LIVE}):
             assert job.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(2)
         (tag,) = tags
