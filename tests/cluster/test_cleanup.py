@@ -4,6 +4,9 @@ nothing. The rules are table-tested in test_ownership.py; a killed job's clean-u
 end in tests/jobs/test_cleanup.py."""
 
 import os
+import time
+
+import pytest
 
 from areal_ray.cluster import cleanup
 from areal_ray.cluster.ownership import Owned
@@ -74,3 +77,22 @@ def test_sweep_removes_a_dead_jobs_app_on_a_cluster_without_a_dashboard(ray_clus
         for o in (DEAD, OTHER):
             serve.delete(o.app_name)
         ray_cluster.kill(live)
+
+
+def test_an_unnamed_actor_is_killed_by_its_id(ray_cluster):
+    """How a stale placement-group cleaner (unnamed, detached) is ended: `ray.kill`
+    needs a handle, made from the id the GCS table lists."""
+    @ray_cluster.remote(num_cpus=0)
+    class Loop:
+        def pid(self):
+            return os.getpid()
+
+    actor = Loop.remote()
+    ray_cluster.get(actor.pid.remote())
+    ray_cluster.kill(cleanup._handle(actor._actor_id.hex()), no_restart=True)
+    # The kill travels through the GCS, a call straight to the actor: one may still run.
+    deadline = time.time() + 30
+    with pytest.raises(ray_cluster.exceptions.RayActorError):
+        while time.time() < deadline:
+            ray_cluster.get(actor.pid.remote(), timeout=30)
+            time.sleep(0.5)
