@@ -14,7 +14,6 @@ import math
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import ray
@@ -25,6 +24,8 @@ from ray.train.torch import TorchTrainer
 from transformers import AutoModelForCausalLM
 
 from areal_ray.cluster.attention import check_attention
+from areal_ray.cluster.cleanup import sweep
+from areal_ray.cluster.ownership import Owned, new_tag
 from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
                                          deploy_app, train_start_problem)
 from areal_ray.config import Config, ConfigError, to_dict
@@ -258,13 +259,22 @@ def run_training(cfg: Config) -> dict:
     check_sandbox(cfg)  # model-written code runs isolated, or the config says it need not
     os.environ[SANDBOX_ENV] = cfg.reward.sandbox  # the in-process eval's tools follow it too
     init_ray(cfg)
+    # What killed jobs left (their Serve apps, weight files) would otherwise hold this
+    # cluster's CPUs, GPUs and shared memory for good; before the placement check.
+    try:
+        lines = sweep().lines()
+    except Exception as e:  # noqa: BLE001 - others' leftovers must not stop this run
+        lines = [f"not checked: the sweep failed ({type(e).__name__}: {e}); "
+                 "`python -m jobs.cleanup` retries it"]
+    for line in lines:
+        print(f"[areal-ray] clean-up: {line}", flush=True)
     if cfg.run.check_placement:  # before anything is deployed
         check_placement(cfg, model_shape(model_path) if cfg.train.gpu_memory_gib > 0 else None)
     tracker = RunTracker(cfg, run_dir, resume=resume)
     print(f"[areal-ray] run dir {run_dir}  mlflow run {tracker.run_id}", flush=True)
-    tag = uuid.uuid4().hex[:8]
+    owned = Owned(new_tag())  # everything this job creates that could outlive it is named from it
     namespace = ray.get_runtime_context().namespace
-    driver_name, app_name = f"areal-driver-{tag}", f"areal-rollout-{tag}"
+    driver_name, app_name = owned.driver_name, owned.app_name
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
         cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic)

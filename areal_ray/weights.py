@@ -32,6 +32,7 @@ weights.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from areal_ray.cluster.ownership import Owned
 from areal_ray.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 from areal_ray.weight_group import NCCL_ENV, WeightGroup, free_port  # noqa: F401 - re-exported
 from areal_ray.weight_payloads import ObjectStorePayload, ShmPayload
@@ -132,10 +134,16 @@ class SharedMemoryWeights:
     in place, alternating. A push completes (every replica acked) before the next one
     starts, so the file being written was last read two pushes ago, by replicas that
     have all moved on; a replica that registers late reads the other one. Each file is
-    placed where it fits when it is created (`staging_dir`); the payload names it."""
+    placed where it fits when it is created (`staging_dir`); the payload names it.
 
-    def __init__(self, name: str):
-        self.name = name
+    With `owner` (the job's tag) the files are named for `ownership.Owned`, with this
+    process's pid, so a sweep can tell whose they are once the writer or its job is
+    gone (areal_ray/cluster/ownership.py); without, by `name` (benchmarks, tests)."""
+
+    def __init__(self, name: str = "", owner: str = ""):
+        if not (name or owner):
+            raise ValueError("SharedMemoryWeights needs a name or an owner tag")
+        self.name, self.owner = name, Owned(owner) if owner else None
         self.paths: list[Path | None] = [None, None]
         self.bufs: list[torch.Tensor | None] = [None, None]
         self.slot = 1
@@ -145,7 +153,12 @@ class SharedMemoryWeights:
         self.bufs[slot] = None
         if self.paths[slot] is not None:
             self.paths[slot].unlink(missing_ok=True)
-        path = self.paths[slot] = staging_dir(total) / f"areal-weights-{self.name}-{slot}.bin"
+        if self.owner:
+            from areal_ray.cluster.cleanup import this_cluster
+            file = self.owner.weight_file("weights", this_cluster(), os.getpid(), f"{slot}.bin")
+        else:
+            file = f"areal-weights-{self.name}-{slot}.bin"
+        path = self.paths[slot] = staging_dir(total) / file
         return torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
 
     def write(self, tensors: Iterable[torch.Tensor], specs: list[TensorSpec]) -> ShmPayload:

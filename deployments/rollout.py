@@ -32,6 +32,7 @@ from ray.serve.config import RequestRouterConfig
 
 from areal_ray.config import Config
 from areal_ray.metrics import ReplicaMetrics
+from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.rollout.backends import build_engine
 from areal_ray.rollout.engine import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
@@ -98,7 +99,8 @@ class RolloutServer:
         self.engine = build_engine(opts.backend, model_path, max_batch_size=opts.max_batch_size,
                                    dtype=opts.dtype, batching=opts.batching,
                                    threads=opts.torch_threads, engine_kwargs=opts.engine_kwargs,
-                                   release_memory=opts.release_memory)
+                                   release_memory=opts.release_memory,
+                                   owner=tag_of_driver(driver_name) or "")
         if hasattr(self.engine, "warmup"):
             await self.engine.warmup()
         # The app owns the tokenizer, as inference servers do: clients (the rollout

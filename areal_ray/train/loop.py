@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from areal_ray.algo.advantages import advantages, informative_groups, shape_rewards
 from areal_ray.algo.finite import name, nonfinite
+from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import AlgoConfig, Config
 from areal_ray.reward.pool import reason_kind
 from areal_ray.rollout.workflow import EpisodeConfig
@@ -189,7 +190,8 @@ def train_loop_per_worker(config: dict) -> None:
             on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
     recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.of(cfg).seed) \
         if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
-    pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"])
+    pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"],
+                          owner=tag_of_driver(config["driver_name"]) or "")
     t_start = t_prev = time.perf_counter()
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)

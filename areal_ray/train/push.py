@@ -24,10 +24,10 @@ from areal_ray.train.weight_senders import (  # noqa: F401 - push_stats re-expor
 
 
 class WeightPusher:
-    def __init__(self, cfg: WeightsConfig, driver, rank: int, weights_dir: str):
+    def __init__(self, cfg: WeightsConfig, driver, rank: int, weights_dir: str, owner: str = ""):
         self.cfg, self.driver, self.rank = cfg, driver, rank
         self.node_id = ray.get_runtime_context().get_node_id()
-        ctx = SenderContext(cfg, driver, rank, Path(weights_dir))
+        ctx = SenderContext(cfg, driver, rank, Path(weights_dir), owner)
         paths = AUTO_PATHS if cfg.path == "auto" else (cfg.path,)
         self.senders = {p: sender_for(p, ctx) for p in paths}
 

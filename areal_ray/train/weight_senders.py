@@ -76,6 +76,7 @@ class SenderContext:
     driver: object  # the Driver actor's handle
     rank: int
     weights_dir: Path
+    owner: str = ""  # the job's tag (ownership.Owned): names the shm files
 
 
 class StagedSender:
@@ -154,7 +155,12 @@ class ShmSender(StagedSender):
 
     def stage(self, version: int, weights: dict[str, torch.Tensor]) -> WeightPayload:
         if self.shm is None:
-            self.shm = SharedMemoryWeights(uuid.uuid4().hex[:12])
+            if self.ctx.owner:
+                # An earlier trainer incarnation of this job (a restart after a worker
+                # failure) left its two files here; it cannot remove them itself.
+                from areal_ray.cluster.cleanup import sweep_local_files
+                sweep_local_files(dry_run=False, own_tag=self.ctx.owner)
+            self.shm = SharedMemoryWeights(uuid.uuid4().hex[:12], owner=self.ctx.owner)
         return self.shm.write(weights.values(), manifest_of(weights.items(), self.ctx.cfg.dtype))
 
     def close(self) -> None:

@@ -1,0 +1,127 @@
+"""Removing what dead jobs left on the cluster: the sweep a job runs when it starts and
+`python -m jobs.cleanup` runs on demand. Which resources are garbage is decided in
+`ownership.py`; this module only looks at the cluster and removes.
+
+Each kind is listed before its owners are read (see ownership.py): Serve apps from
+`serve.status()`, weight files by a zero-CPU task on every alive node (/dev/shm is per
+node, and a writer's pid means something only there), Ray Train's placement-group
+cleaners from the GCS actor table. The GCS tables, not the state API (`ray.util.state`),
+because the cleaners loop exactly where the state API is missing (no dashboard).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from areal_ray.cluster.ownership import (PG_CLEANER_CLASS, Actor, cluster_of, live_tags,
+                                         stale_apps, stale_files, stale_pg_cleaners)
+
+
+@dataclass
+class SweepReport:
+    dry_run: bool
+    apps: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # "<node ip>:<path>"
+    pg_cleaners: list[str] = field(default_factory=list)  # actor ids
+    notes: list[str] = field(default_factory=list)  # what could not be checked, and why
+
+    def lines(self) -> list[str]:
+        verb = "would remove" if self.dry_run else "removed"
+        out = [f"{verb} Serve app {a}" for a in self.apps]
+        out += [f"{verb} weight file {f}" for f in self.files]
+        out += [f"{verb} Ray Train placement-group cleaner actor {a}" for a in self.pg_cleaners]
+        out += [f"not checked: {n}" for n in self.notes]
+        return out
+
+
+def weight_dirs() -> list[Path]:
+    """Where weight files are written (`areal_ray.weights.staging_dir`): /dev/shm, and
+    the temp dir when shared memory is full. Not imported from there: that module
+    imports torch, and the sweep runs on every node."""
+    dirs = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []
+    return dirs + [Path(tempfile.gettempdir())]
+
+
+def this_cluster() -> int:
+    """The connected cluster's id for weight file names (ownership.cluster_of)."""
+    return cluster_of(ray.get_runtime_context().gcs_address)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_local_files(dry_run: bool, own_tag: str = "") -> list[str]:
+    """This node's stale weight files (ownership.stale_files), removed unless `dry_run`."""
+    listed = {}
+    for d in weight_dirs():
+        try:
+            listed.update({p.name: p for p in d.iterdir() if p.name.startswith("areal-")})
+        except OSError:
+            continue
+    # Owners are read after the files are listed (ownership.py).
+    live = live_tags(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+    stale = [listed[n] for n in stale_files(listed, this_cluster(), live, pid_alive, own_tag)]
+    if not dry_run:
+        for p in stale:
+            p.unlink(missing_ok=True)
+    return [str(p) for p in stale]
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _sweep_node_files(dry_run: bool, own_tag: str) -> list[str]:
+    return sweep_local_files(dry_run, own_tag)
+
+
+def sweep(dry_run: bool = False, own_tag: str = "") -> SweepReport:
+    """Remove (or with `dry_run` only list) what dead jobs left on the connected cluster.
+    `own_tag`: the sweeping job's tag, whose files of dead writers go too."""
+    from ray import serve
+
+    report = SweepReport(dry_run)
+    apps = list(serve.status().applications)  # empty, and no Serve started, when none runs
+    live = live_tags(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+    report.apps = stale_apps(apps, live)
+    if not dry_run:
+        for app in report.apps:
+            serve.delete(app)  # blocks until its replicas are gone
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    found = ray.get([_sweep_node_files.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+    ).remote(dry_run, own_tag) for n in nodes], timeout=120)
+    report.files = [f"{n['NodeManagerAddress']}:{p}" for n, paths in zip(nodes, found) for p in paths]
+
+    from ray._private import state  # GCS tables: answer without the dashboard (docstring)
+    actors = [Actor(a["ActorID"], a["ActorClassName"], a["JobID"], a["State"])
+              for a in state.actors(actor_state_name="ALIVE").values()
+              if a["ActorClassName"] == PG_CLEANER_CLASS]
+    live_jobs = frozenset(j["JobID"] for j in state.jobs() if not j["IsDead"])
+    report.pg_cleaners = stale_pg_cleaners(actors, live_jobs)
+    if not dry_run:
+        for actor_id in report.pg_cleaners:
+            try:
+                ray.kill(_handle(actor_id), no_restart=True)
+            except Exception as e:  # noqa: BLE001 - one actor's failure must not stop the sweep
+                report.notes.append(f"placement-group cleaner {actor_id} could not be killed: {e}")
+    return report
+
+
+def _handle(actor_id: str):
+    """A handle to an unnamed actor, by id: `ray.kill` takes only handles, and Ray has no
+    public lookup of an unnamed detached actor."""
+    from ray._raylet import ActorID
+    worker = ray._private.worker.global_worker
+    return worker.core_worker.get_actor_handle(ActorID.from_hex(actor_id))

@@ -1,0 +1,98 @@
+"""The sweep on a live cluster (areal_ray/cluster/cleanup.py): a trainer's restart removes
+its own job's files of dead writers, never another live job's, and a dry run removes
+nothing. The rules are table-tested in test_ownership.py; a killed job's clean-up end to
+end in tests/jobs/test_cleanup.py."""
+
+import os
+import time
+
+import pytest
+
+from areal_ray.cluster import cleanup
+from areal_ray.cluster.ownership import Owned
+
+ME, OTHER, DEAD = Owned("feedf00d"), Owned("0123abcd"), Owned("deadbeef")
+GONE = 2 ** 22 + 12345  # above the default pid_max: no process has it
+
+
+def test_sweep_local_files(ray_cluster, tmp_path, monkeypatch):
+    @ray_cluster.remote(num_cpus=0)
+    class Holder:
+        pass
+
+    drivers = [Holder.options(name=o.driver_name).remote() for o in (ME, OTHER)]
+    ray_cluster.get([d.__ray_ready__.remote() for d in drivers])
+    monkeypatch.setattr(cleanup, "weight_dirs", lambda: [tmp_path])
+    c = cleanup.this_cluster()
+    files = {
+        ME.weight_file("weights", c, os.getpid(), "0.bin"): False,  # this trainer's
+        ME.weight_file("weights", c, GONE, "0.bin"): True,          # the incarnation before
+        OTHER.weight_file("weights", c, GONE, "0.bin"): False,      # a live job's: its own business
+        DEAD.weight_file("vllm", c, os.getpid(), "x.safetensors"): True,  # a dead job's
+        DEAD.weight_file("vllm", c + 1, os.getpid(), "x.safetensors"): False,  # another cluster's
+        "areal-weights-5f3a9c01be77-0.bin": False,                  # unowned
+    }
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    try:
+        stale = sorted(str(tmp_path / n) for n, gone in files.items() if gone)
+        assert cleanup.sweep_local_files(dry_run=True, own_tag=ME.tag) == stale
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+        assert cleanup.sweep_local_files(dry_run=False, own_tag=ME.tag) == stale
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, g in files.items() if not g)
+    finally:
+        for d in drivers:
+            ray_cluster.kill(d)
+
+
+def test_sweep_removes_a_dead_jobs_app_on_a_cluster_without_a_dashboard(ray_cluster):
+    """The start-up sweep of every job (areal_ray/run.py), on the kind of cluster where
+    Ray's state API does not answer: Serve apps, every node's files, the GCS tables."""
+    from ray import serve
+
+    @ray_cluster.remote(num_cpus=0)
+    class Holder:
+        pass
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class App:
+        def __call__(self):
+            return "ok"
+
+    live = Holder.options(name=OTHER.driver_name).remote()
+    ray_cluster.get(live.__ray_ready__.remote())
+    serve.start(proxy_location="Disabled")
+    for o in (DEAD, OTHER):
+        serve.run(App.bind(), name=o.app_name, route_prefix=None)
+    try:
+        dry = cleanup.sweep(dry_run=True)
+        assert dry.apps == [DEAD.app_name] and dry.notes == []
+        assert DEAD.app_name in serve.status().applications
+        report = cleanup.sweep()
+        assert report.apps == [DEAD.app_name]
+        assert f"removed Serve app {DEAD.app_name}" in report.lines()
+        apps = serve.status().applications
+        assert DEAD.app_name not in apps and OTHER.app_name in apps
+    finally:
+        for o in (DEAD, OTHER):
+            serve.delete(o.app_name)
+        ray_cluster.kill(live)
+
+
+def test_an_unnamed_actor_is_killed_by_its_id(ray_cluster):
+    """How a stale placement-group cleaner (unnamed, detached) is ended: `ray.kill`
+    needs a handle, made from the id the GCS table lists."""
+    @ray_cluster.remote(num_cpus=0)
+    class Loop:
+        def pid(self):
+            return os.getpid()
+
+    actor = Loop.remote()
+    ray_cluster.get(actor.pid.remote())
+    ray_cluster.kill(cleanup._handle(actor._actor_id.hex()), no_restart=True)
+    # The kill travels through the GCS, a call straight to the actor: one may still run.
+    deadline = time.time() + 30
+    with pytest.raises(ray_cluster.exceptions.RayActorError):
+        while time.time() < deadline:
+            ray_cluster.get(actor.pid.remote(), timeout=30)
+            time.sleep(0.5)

@@ -1,0 +1,170 @@
+"""Clean-up that survives kills, on a cluster started with `ray start --head`: the
+training job is SIGKILLed mid-run (no `finally` runs), its Serve app and /dev/shm weight
+files are shown to outlive it, and `python -m jobs.cleanup` removes them, while a second,
+live owner's app, driver actor and files stay untouched. The ownership rules themselves
+are table-tested in tests/cluster/test_ownership.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from areal_ray.cluster.ownership import parse_weight_file
+
+REPO = Path(__file__).resolve().parents[2]
+SHM = Path("/dev/shm")
+LIVE = "0a1b2c3d"  # the live second owner's tag
+
+# What the cluster holds, read by a fresh driver (it must not be the test process:
+# other tests of the session own a local Ray there).
+PROBE = """
+import json, sys, ray
+from ray import serve
+from ray._private import state
+ray.init(address=sys.argv[1], logging_level="ERROR")
+from ray.util.state import list_placement_groups
+print(json.dumps({
+    "apps": {n: a.status.value for n, a in serve.status().applications.items()},
+    "drivers": sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)),
+    "jobs": {j["JobID"]: {"pid": j["DriverPid"], "dead": j["IsDead"]} for j in state.jobs()},
+    "pgs": [{"job": p.creator_job_id, "state": p.state} for p in list_placement_groups(detail=True)],
+    "cleaners": [a["JobID"] for a in state.actors(actor_state_name="ALIVE").values()
+                 if a["ActorClassName"] == "PlacementGroupCleaner"],
+}))
+"""
+
+# A second job that stays alive: its driver actor, a Serve app and two weight files,
+# one of them written by a process that is gone (another job's dead writer: not ours).
+LIVE_OWNER = """
+import os, sys, time, ray
+from ray import serve
+ray.init(address=sys.argv[1], namespace="live-owner", logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+class Holder:
+    pass
+
+driver = Holder.options(name="areal-driver-%(tag)s").remote()
+ray.get(driver.__ray_ready__.remote())
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class App:
+    def __call__(self):
+        return "ok"
+
+serve.run(App.bind(), name="areal-rollout-%(tag)s", route_prefix=None)
+port = sys.argv[1].rsplit(":", 1)[1]
+for name in ("areal-weights-%%s-%(tag)s-%%d-0.bin" %% (port, os.getpid()),
+             "areal-weights-%%s-%(tag)s-999999-1.bin" %% port):
+    open(os.path.join("/dev/shm", name), "wb").write(b"x")
+sys.stdin.read()  # until the test closes it
+""" % {"tag": LIVE}
+
+
+def probe(cluster: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, cluster["gcs_address"]], env=cluster["env"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cleanup(cluster: dict, *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "jobs.cleanup", f"address={cluster['gcs_address']}",
+                          *args], cwd=REPO, env=cluster["env"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def shm_files(tag: str) -> list[str]:
+    return sorted(p.name for p in SHM.glob(f"areal-*-{tag}-*"))
+
+
+def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(head_cluster, tmp_path):
+    env = dict(head_cluster["env"], PYTHONUNBUFFERED="1")
+    before = {p.name for p in SHM.iterdir()}
+    log = tmp_path / "job.log"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "jobs.train", "--config", "conf/quickstart.yaml",
+         "train.steps=1000", "algo.batch_groups=4", "rollout.group_size=4",
+         "rollout.max_new_tokens=48", "run.eval_before=false", "run.eval_after=false",
+         "run.name=killed", f"run.run_dir={tmp_path / 'run'}",
+         f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+         f"run.ray_address={head_cluster['gcs_address']}"],
+        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    owner = None
+    tag = ""
+    try:
+        # Running: its app serves and its trainer has pushed weights through /dev/shm.
+        # (Other jobs on this machine write weight files too: only an owned one, new.)
+        deadline = time.time() + 300
+        while not (tags := {t[1] for p in SHM.glob("areal-weights-*") if p.name not in before
+                            and (t := parse_weight_file(p.name)) and t[1] != LIVE}):
+            assert job.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(2)
+        (tag,) = tags
+        seen = probe(head_cluster)
+        assert seen["apps"].get(f"areal-rollout-{tag}") == "RUNNING", seen
+        job_id = next(j for j, v in seen["jobs"].items() if v["pid"] == job.pid and not v["dead"])
+        assert any(p["job"] == job_id and p["state"] == "CREATED" for p in seen["pgs"]), seen
+
+        owner_log = tmp_path / "owner.log"
+        owner = subprocess.Popen([sys.executable, "-c", LIVE_OWNER, head_cluster["gcs_address"]],
+                                 env=env, stdin=subprocess.PIPE, stdout=owner_log.open("w"),
+                                 stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while len(shm_files(LIVE)) < 2:  # written once its app runs
+            assert owner.poll() is None and time.time() < deadline, owner_log.read_text()[-3000:]
+            time.sleep(1)
+
+        os.kill(job.pid, signal.SIGKILL)  # no finally, no atexit
+        job.wait(30)
+        # What Ray does by itself: the job and its (non-detached) driver actor are
+        # dead, its Train placement group and cleaner are gone...
+        deadline = time.time() + 60
+        while True:
+            seen = probe(head_cluster)
+            done = seen["jobs"][job_id]["dead"] and f"areal-driver-{tag}" not in seen["drivers"] \
+                and not any(p["job"] == job_id and p["state"] != "REMOVED" for p in seen["pgs"]) \
+                and job_id not in seen["cleaners"]
+            if done or time.time() > deadline:
+                break
+            time.sleep(3)
+        assert done, seen
+        # ...and what it does not: the app (replicas, CPUs) and the weight files stay.
+        assert seen["apps"].get(f"areal-rollout-{tag}") == "RUNNING", seen
+        leaked = shm_files(tag)
+        assert leaked, "the killed job left no weight files"
+
+        dry = cleanup(head_cluster, "dry_run=true")
+        assert f"would remove Serve app areal-rollout-{tag}" in dry, dry
+        for name in leaked:
+            assert f"would remove weight file" in dry and name in dry, (name, dry)
+        assert LIVE not in dry, dry
+        assert shm_files(tag) == leaked and f"areal-rollout-{tag}" in probe(head_cluster)["apps"]
+
+        out = cleanup(head_cluster)
+        assert f"removed Serve app areal-rollout-{tag}" in out, out
+        assert all(name in out for name in leaked), out
+        assert shm_files(tag) == []
+        after = probe(head_cluster)
+        assert f"areal-rollout-{tag}" not in after["apps"], after
+        # The live owner's app, driver and files, the dead writer's included, are untouched.
+        assert after["apps"].get(f"areal-rollout-{LIVE}") == "RUNNING", after
+        assert f"areal-driver-{LIVE}" in after["drivers"], after
+        assert len(shm_files(LIVE)) == 2
+        assert LIVE not in out
+        assert "nothing left by dead jobs" in cleanup(head_cluster)  # idempotent
+    finally:
+        if job.poll() is None:
+            os.kill(job.pid, signal.SIGKILL)
+            job.wait(30)
+        if owner is not None and owner.poll() is None:
+            owner.stdin.close()  # its driver exits; its app is swept by the cluster's teardown
+            owner.wait(60)
+        for t in (tag, LIVE):
+            for name in shm_files(t) if t else []:
+                (SHM / name).unlink(missing_ok=True)
