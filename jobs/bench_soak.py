@@ -49,14 +49,18 @@ class BenchSoakConfig:
 
 def role(p: psutil.Process) -> str:
     """A process's role: its Ray title up to the method (`ray::Driver`,
-    `ray::ServeReplica:app:Rollout`, `ray::SplitCoordinator`) or its program name."""
+    `ray::ServeReplica:app:Rollout`, `ray::SplitCoordinator`; a Ray Data stage's actor by
+    its stage, `ray::MapWorker:RewardStage`) or its program name."""
     try:
         cmd = p.cmdline()
     except psutil.Error:
         return "?"
     head = cmd[0] if cmd else p.name()
     if head.startswith("ray::"):
-        return re.sub(r"[.(].*$", "", head.split()[0])
+        title = head.split()[0]
+        if title.startswith("ray::MapWorker("):  # which stage: the innermost name
+            return "ray::MapWorker:" + re.sub(r"^.*\(|\).*$", "", title.split(".")[0])
+        return re.sub(r"[.(].*$", "", title)
     if "jobs.train" in cmd:
         return "job"
     return Path(head).name or p.name()
@@ -129,6 +133,9 @@ def run(c: BenchSoakConfig, argv: list[str]) -> int:
             step = sum(1 for _ in open(steps_file)) if steps_file.exists() else 0
             if step:
                 samples.append({"t": time.time() - t0, "step": step, "pss": sample(root)})
+                if len(samples) % 20 == 0:  # a soak cut short still leaves its samples
+                    out.write_text(json.dumps({"argv": argv, "cmd": cmd, "partial": True,
+                                               "samples": samples}))
             time.sleep(c.period_s)
     if proc.returncode != 0:
         raise RuntimeError(f"the soak run failed (exit {proc.returncode}); see {out.with_suffix('.log')}")

@@ -50,3 +50,11 @@ def test_install_is_idempotent_and_takes_a_new_bound():
         block_stats.install()
     (kept,) = _operator().get_stats().values()
     assert kept.maxlen == block_stats.KEPT
+
+
+def test_kept_stats_pickle_as_a_plain_list():
+    import pickle
+    kept = block_stats.NewestBlocks([1, 2, 3], maxlen=2)
+    assert kept == [2, 3]
+    back = pickle.loads(pickle.dumps(kept))
+    assert type(back) is list and back == [2, 3]
