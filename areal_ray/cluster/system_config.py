@@ -14,10 +14,10 @@ Ray Data's blocks are small here (one prompt, one group: a few KiB), and Ray ret
 task result under `max_direct_call_object_size` (100 KiB) inline, into the memory of
 the process that owns it: for every block, Ray Data's coordinator
 (`SplitCoordinator`). There the bytes of every block that passed through stayed: with
-20 KB rows, its memory grew by 2 x 20 KB per row through two stages, and not at all
-with the same blocks in the shared-memory object store, which was empty at the end
-(Ray 2.60, measured in isolation: docs/architecture.md, "Long runs"). `INLINE_MAX`
-sends anything larger than a gate call's answer through the object store.
+20 KB rows through two stages its memory grew 39 KiB per row (2 x 20 KB), and 7-12
+KiB per row with the same blocks in the shared-memory object store, which was empty
+at the end (Ray 2.60, measured in isolation: docs/architecture.md, "Long runs").
+`INLINE_MAX` sends anything larger than a gate call's answer through the object store.
 
 Only a cluster this job starts takes them (`ray.init(_system_config=...)`); a cluster
 started with `ray start` reads them from `RAY_<name>` in the environment of

@@ -29,3 +29,22 @@ def test_growth_leaves_out_the_tear_down_at_the_end():
                for s in range(0, 300, 2)]
     assert growth(samples, warmup=60, last=280)["total"]["mib_per_100_steps"] == pytest.approx(0.0)
     assert growth(samples, warmup=60)["total"]["mib_per_100_steps"] < -10
+
+
+class _Proc:
+    def __init__(self, *cmd):
+        self.cmd = list(cmd)
+
+    def cmdline(self):
+        return self.cmd
+
+    def name(self):
+        return "python"
+
+
+def test_roles_name_each_ray_data_stage():
+    from jobs.bench_soak import role
+    assert role(_Proc("ray::MapWorker(MapBatches(RolloutStage)).submit()")) == "ray::MapWorker:RolloutStage"
+    assert role(_Proc("ray::MapWorker(MapBatches(RewardStage))")) == "ray::MapWorker:RewardStage"
+    assert role(_Proc("ray::SplitCoordinator.get()")) == "ray::SplitCoordinator"
+    assert role(_Proc("/x/python", "-m", "jobs.train")) == "job"
