@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from areal_ray.cluster.attention import check_attention
 from areal_ray.cluster.cleanup import sweep
 from areal_ray.cluster.ownership import Owned, new_tag
+from areal_ray.cluster.system_config import system_config
 from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
                                          deploy_app, train_start_problem)
 from areal_ray.config import Config, ConfigError, to_dict
@@ -100,7 +101,8 @@ def init_ray(cfg: Config) -> None:
         env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
                "TOKENIZERS_PARALLELISM": "false"}
         ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False,
-                 runtime_env={"env_vars": env}, logging_level="WARNING")
+                 runtime_env={"env_vars": env}, logging_level="WARNING",
+                 _system_config=system_config(cfg.run))  # bounds the GCS's task events
 
 
 def trainer_runtime_env(cfg: Config) -> dict:

@@ -1,16 +1,19 @@
 """Soak: a long quickstart run, and whether any process's memory grows with the steps.
 
     python -m jobs.bench_soak [out=runs/bench_soak.json] [steps=500] [period_s=5]
-                              [warmup_steps=100] [config=conf/quickstart.yaml]
+                              [warmup_steps=100] [tail_steps=10] [limit_mib=10]
+                              [config=conf/quickstart.yaml]
 
 Runs the real job (`python -m jobs.train`, no eval) for `steps` steps and samples,
 every `period_s`, the PSS of each process of its tree (the job, Ray's daemons, every
 actor: driver, rollout replica, trainer, Ray Data's coordinator and stages) with the
 step reached then (lines of steps.jsonl). For each process role it fits memory
 against step by least squares from `warmup_steps` on (start-up allocations and
-caches are not growth) and reports the slope in MiB per 100 steps, and the same for
-the whole tree, over the samples taken while it trains (the tear-down at the end is
-not growth). Writes JSON and prints one line.
+caches are not growth) to `tail_steps` before the end (the pipeline drains and its
+actors exit before the last step record: tear-down is not growth), and reports the
+slope in MiB per 100 steps, and the same for the whole tree. The tree passes when its
+slope is at most `limit_mib` (issue 30's bound). Writes JSON and prints one line: the
+tree's slope, pass or fail, and the roles that grew most.
 """
 
 from __future__ import annotations
@@ -38,20 +41,26 @@ class BenchSoakConfig:
     steps: int = opt(500, "training steps of the soak run")
     period_s: float = opt(5.0, "seconds between memory samples")
     warmup_steps: int = opt(100, "steps left out of the fit (start-up, caches filling)")
+    tail_steps: int = opt(10, "last steps left out of the fit (the pipeline drains, actors exit)")
+    limit_mib: float = opt(10.0, "the whole tree passes at most this many MiB per 100 steps")
     config: str = opt("conf/quickstart.yaml", "the run's config")
     overrides: list = opt([], "more key=value overrides for the run, e.g. [algo.eta=4]")
 
 
 def role(p: psutil.Process) -> str:
     """A process's role: its Ray title up to the method (`ray::Driver`,
-    `ray::ServeReplica:app:Rollout`, `ray::SplitCoordinator`) or its program name."""
+    `ray::ServeReplica:app:Rollout`, `ray::SplitCoordinator`; a Ray Data stage's actor by
+    its stage, `ray::MapWorker:RewardStage`) or its program name."""
     try:
         cmd = p.cmdline()
     except psutil.Error:
         return "?"
     head = cmd[0] if cmd else p.name()
     if head.startswith("ray::"):
-        return re.sub(r"[.(].*$", "", head.split()[0])
+        title = head.split()[0]
+        if title.startswith("ray::MapWorker("):  # which stage: the innermost name
+            return "ray::MapWorker:" + re.sub(r"^.*\(|\).*$", "", title.split(".")[0])
+        return re.sub(r"[.(].*$", "", title)
     if "jobs.train" in cmd:
         return "job"
     return Path(head).name or p.name()
@@ -84,9 +93,9 @@ def slope(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
 
 
-def growth(samples: list[dict], warmup: int) -> dict:
-    """MiB per 100 steps by role (and `total`), fitted from step `warmup` on."""
-    later = [s for s in samples if s["step"] >= warmup]
+def growth(samples: list[dict], warmup: int, last: int | None = None) -> dict:
+    """MiB per 100 steps by role (and `total`), fitted from step `warmup` to `last`."""
+    later = [s for s in samples if s["step"] >= warmup and (last is None or s["step"] <= last)]
     roles = sorted({r for s in later for r in s["pss"]})
     out = {}
     for r in roles + ["total"]:
@@ -99,8 +108,11 @@ def growth(samples: list[dict], warmup: int) -> dict:
 
 
 def check(c: BenchSoakConfig) -> None:
-    if c.steps <= c.warmup_steps + 50:
-        raise ConfigError("steps must exceed warmup_steps by 50 or more (the fit needs a span)")
+    if c.steps <= c.warmup_steps + c.tail_steps + 50:
+        raise ConfigError("steps must exceed warmup_steps + tail_steps by 50 or more (the fit "
+                          "needs a span)")
+    if c.tail_steps < 0:
+        raise ConfigError("tail_steps must be >= 0")
     if c.period_s <= 0:
         raise ConfigError("period_s must be > 0")
 
@@ -121,18 +133,25 @@ def run(c: BenchSoakConfig, argv: list[str]) -> int:
             step = sum(1 for _ in open(steps_file)) if steps_file.exists() else 0
             if step:
                 samples.append({"t": time.time() - t0, "step": step, "pss": sample(root)})
+                if len(samples) % 20 == 0:  # a soak cut short still leaves its samples
+                    out.write_text(json.dumps({"argv": argv, "cmd": cmd, "partial": True,
+                                               "samples": samples}))
             time.sleep(c.period_s)
     if proc.returncode != 0:
         raise RuntimeError(f"the soak run failed (exit {proc.returncode}); see {out.with_suffix('.log')}")
     # Training only: the last samples catch the job tearing its processes down.
-    g = growth([s for s in samples if s["step"] < c.steps], c.warmup_steps)
-    report = {"argv": argv, "cmd": cmd, "steps": c.steps, "wall_s": time.time() - t0,
+    g = growth(samples, c.warmup_steps, c.steps - c.tail_steps)
+    tree = g["total"]["mib_per_100_steps"]
+    report = {"argv": argv, "cmd": cmd, "steps": c.steps, "warmup_steps": c.warmup_steps,
+              "tail_steps": c.tail_steps, "wall_s": time.time() - t0,
+              "limit_mib_per_100_steps": c.limit_mib, "passed": tree <= c.limit_mib,
               "growth": g, "samples": samples}
     out.write_text(json.dumps(report, indent=2))
-    worst = sorted(((v["mib_per_100_steps"], r) for r, v in g.items() if r != "total"), reverse=True)[:3]
+    worst = sorted(((v["mib_per_100_steps"], r) for r, v in g.items() if r != "total"), reverse=True)[:4]
     print(f"bench_soak {c.steps} steps in {report['wall_s']:.0f} s: whole tree "
-          f"{g['total']['mib_per_100_steps']:+.1f} MiB per 100 steps "
-          f"({g['total']['mib_first']:.0f} -> {g['total']['mib_last']:.0f} MiB); most growth: "
+          f"{tree:+.1f} MiB per 100 steps ({g['total']['mib_first']:.0f} -> "
+          f"{g['total']['mib_last']:.0f} MiB), {'PASS' if report['passed'] else 'FAIL'} "
+          f"(limit {c.limit_mib:g}); most growth: "
           + ", ".join(f"{r} {k:+.1f}" for k, r in worst) + f" -> {out}")
     return 0
 

@@ -41,6 +41,7 @@ from ray.data import DataContext
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from areal_ray.data import block_stats
 from areal_ray.data.prompts import PLAIN, Fields, check_row
 from areal_ray.data.sources import READERS, DatasetError, count_rows, resolve
 
@@ -54,6 +55,10 @@ MAX_BLOCK_BYTES = 1  # the pipeline's block size target: one row per block (prom
 # while rows it has handed over (one per block, none held back) are still untaken.
 READ_AHEAD = 1024
 assert READ_AHEAD > BLOCK_ROWS
+# Ray Data's coordinator unpickles `PromptDatasource`, so it imports this module before
+# it builds the pipeline's operators: their per-block stats are bounded there (and in
+# any process that runs a pipeline itself).
+block_stats.install()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""Ray system settings of a local cluster the job starts: what bounds Ray's own memory.
+
+The GCS keeps an event record of every task and actor call for the dashboard and
+`ray list tasks`, up to `task_events_max_num_task_in_gcs` (100,000 in Ray 2.60),
+and once that is reached, the ids of the dropped attempts, up to
+`task_events_max_dropped_task_attempts_tracked_per_job_in_gcs` (1,000,000). A run
+makes a few hundred calls per step (the rollout stage's gate calls, Serve requests,
+load reports, the trainer's and the job's polls), so `gcs_server` grew ~20 MiB per
+100 quickstart steps until the cap, an estimated ~200 MiB (jobs.bench_soak; docs/architecture.md,
+"Long runs"). `run.task_events_kept` caps the records at a size the newest of which still
+cover the last minutes of a run, and the dropped ids at ten times that.
+
+Ray Data's blocks are small here (one prompt, one group: a few KiB), and Ray returns a
+task result under `max_direct_call_object_size` (100 KiB) inline, into the memory of
+the process that owns it: for every block, Ray Data's coordinator
+(`SplitCoordinator`). There the bytes of every block that passed through stayed: with
+20 KB rows through two stages its memory grew 39 KiB per row (2 x 20 KB), and 7-12
+KiB per row with the same blocks in the shared-memory object store, which was empty
+at the end (Ray 2.60, measured in isolation: docs/architecture.md, "Long runs").
+`INLINE_MAX` sends anything larger than a gate call's answer through the object store.
+
+Only a cluster this job starts takes them (`ray.init(_system_config=...)`); a cluster
+started with `ray start` reads them from `RAY_<name>` in the environment of
+`ray start --head`.
+"""
+
+from __future__ import annotations
+
+DROPPED_TRACKED_PER_KEPT = 10
+INLINE_MAX = 1024  # bytes: larger task results go through the object store
+
+
+def system_config(run) -> dict:
+    """The `_system_config` of a local cluster for the run section `run`."""
+    return {"task_events_max_num_task_in_gcs": run.task_events_kept,
+            "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs":
+                DROPPED_TRACKED_PER_KEPT * run.task_events_kept,
+            "max_direct_call_object_size": INLINE_MAX}
+
