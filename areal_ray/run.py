@@ -26,9 +26,9 @@ from transformers import AutoModelForCausalLM
 from areal_ray.cluster.attention import check_attention
 from areal_ray.cluster.cleanup import sweep
 from areal_ray.cluster.ownership import Owned, new_tag
-from areal_ray.cluster.system_config import system_config
 from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
                                          deploy_app, train_start_problem)
+from areal_ray.cluster.system_config import system_config
 from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
