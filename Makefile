@@ -24,14 +24,19 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
+# Model-written code (code rewards, the python tool) runs only under bubblewrap unless
+# reward.sandbox=rlimits says otherwise (areal_ray/reward/sandbox.py): say so up front.
+ISOLATION_NOTE = @command -v bwrap >/dev/null || echo "note: model-written code runs only isolated, by bubblewrap: apt-get install bubblewrap (.ci/run installs it); $(1)"
+
 quickstart: venv  ## async RL on the embedded tiny model (pass overrides with ARGS="algo.eta=4")
+	$(call ISOLATION_NOTE,the quickstart runs none; conf/code.yaml and the python tool refuse without it (or reward.sandbox=rlimits: no isolation))
 	$(PY) -m jobs.train --config conf/quickstart.yaml $(ARGS)
 
 tools: venv  ## tool-use RL: the tiny model learns to call a calculator (conf/tools.yaml)
 	$(PY) -m jobs.train --config conf/tools.yaml $(ARGS)
 
 test: venv  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
-	@command -v bwrap >/dev/null || echo "note: model-written code runs only isolated, by bubblewrap: apt-get install bubblewrap (.ci/run installs it); without it, tests that run code fail closed"
+	$(call ISOLATION_NOTE,without it tests that run code fail closed)
 	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
 	$(MAKE) test-contract
 
