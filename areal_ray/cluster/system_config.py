@@ -17,7 +17,9 @@ the process that owns it: for every block, Ray Data's coordinator
 20 KB rows through two stages its memory grew 39 KiB per row (2 x 20 KB), and 7-12
 KiB per row with the same blocks in the shared-memory object store, which was empty
 at the end (Ray 2.60, measured in isolation: docs/architecture.md, "Long runs").
-`INLINE_MAX` sends anything larger than a gate call's answer through the object store.
+`run.inline_result_bytes` (1 KiB by default) sends anything larger than a gate call's
+answer through the object store; that costs the quickstart ~8% of its steady
+samples/s (Serve's responses take the same path), the price of a flat long run.
 
 Only a cluster this job starts takes them (`ray.init(_system_config=...)`); a cluster
 started with `ray start` reads them from `RAY_<name>` in the environment of
@@ -27,7 +29,6 @@ started with `ray start` reads them from `RAY_<name>` in the environment of
 from __future__ import annotations
 
 DROPPED_TRACKED_PER_KEPT = 10
-INLINE_MAX = 1024  # bytes: larger task results go through the object store
 
 
 def system_config(run) -> dict:
@@ -35,5 +36,5 @@ def system_config(run) -> dict:
     return {"task_events_max_num_task_in_gcs": run.task_events_kept,
             "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs":
                 DROPPED_TRACKED_PER_KEPT * run.task_events_kept,
-            "max_direct_call_object_size": INLINE_MAX}
+            "max_direct_call_object_size": run.inline_result_bytes}
 

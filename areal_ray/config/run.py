@@ -38,6 +38,7 @@ class RunConfig:
     ray_address: str = opt("", "Ray cluster to join; empty: the job's cluster or a new local one")
     num_cpus: int = opt(0, "logical CPUs of a local cluster this job starts; 0: Ray's default")
     task_events_kept: int = opt(10_000, "task events (records of task and actor calls) the GCS of a local cluster this job starts keeps for the dashboard and `ray list tasks` (Ray's task_events_max_num_task_in_gcs; Ray's default, 100000, is an estimated ~200 MiB of gcs_server a long run reaches); a `ray start` cluster takes this and the other bounds from RAY_* variables in the environment of `ray start --head` (docs/architecture.md, \"Long runs\")")
+    inline_result_bytes: int = opt(1024, "largest task result a local cluster this job starts returns inline into its owner's memory (Ray's max_direct_call_object_size, 100 KiB by default): Ray Data's coordinator kept the bytes of every small block it owned, ~14 MiB per 100 quickstart steps; 1024 sends them through the object store and keeps a long run flat, at a measured ~8% of the quickstart's steady samples/s (102400: Ray's default, faster, growing; docs/architecture.md, \"Long runs\")")
     mlflow_tracking_uri: str = opt("", "MLflow tracking URI; empty: sqlite store under ./mlruns")
     mlflow_experiment: str = opt("areal-ray", "MLflow experiment name")
     log_model: bool = opt(True, "log the final model (HF format) as the MLflow run's `model` artifacts")
@@ -60,6 +61,7 @@ class RunConfig:
         require(not self.resume or bool(self.run_dir), "run.resume needs run.run_dir (the run to continue)")
         require(self.log_model or not self.register_model, "run.register_model needs run.log_model=true")
         require(self.task_events_kept > 0, "run.task_events_kept must be > 0")
+        require(self.inline_result_bytes >= 0, "run.inline_result_bytes must be >= 0")
         require(self.keep_checkpoints >= 0, "run.keep_checkpoints must be >= 0 (0: keep all)")
         unknown = [k for k in self.resume_allow_changes if k not in RESUME_GUARDED]
         require(not unknown, f"run.resume_allow_changes: {unknown} are not keys a resume refuses to "
