@@ -32,7 +32,6 @@ weights.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -143,7 +142,9 @@ class SharedMemoryWeights:
     def __init__(self, name: str = "", owner: str = ""):
         if not (name or owner):
             raise ValueError("SharedMemoryWeights needs a name or an owner tag")
-        self.name, self.owner = name, Owned(owner) if owner else None
+        if owner:
+            Owned(owner)  # a tag that is not one fails here, not at the first push
+        self.name, self.owner = name, owner
         self.paths: list[Path | None] = [None, None]
         self.bufs: list[torch.Tensor | None] = [None, None]
         self.slot = 1
@@ -153,12 +154,9 @@ class SharedMemoryWeights:
         self.bufs[slot] = None
         if self.paths[slot] is not None:
             self.paths[slot].unlink(missing_ok=True)
-        if self.owner:
-            from areal_ray.cluster.cleanup import this_cluster
-            file = self.owner.weight_file("weights", this_cluster(), os.getpid(), f"{slot}.bin")
-        else:
-            file = f"areal-weights-{self.name}-{slot}.bin"
-        path = self.paths[slot] = staging_dir(total) / file
+        from areal_ray.cluster.cleanup import weight_file_name
+        rest = f"{slot}.bin" if self.owner else f"{self.name}-{slot}.bin"
+        path = self.paths[slot] = staging_dir(total) / weight_file_name("weights", self.owner, rest)
         return torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
 
     def write(self, tensors: Iterable[torch.Tensor], specs: list[TensorSpec]) -> ShmPayload:

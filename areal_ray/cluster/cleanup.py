@@ -19,8 +19,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from areal_ray.cluster.ownership import (PG_CLEANER_CLASS, Actor, cluster_of, live_tags,
-                                         stale_apps, stale_files, stale_pg_cleaners)
+from areal_ray.cluster.ownership import (PG_CLEANER_CLASS, Actor, Owned, cluster_of,
+                                         live_tags, stale_apps, stale_files, stale_pg_cleaners)
 
 
 @dataclass
@@ -51,6 +51,15 @@ def weight_dirs() -> list[Path]:
 def this_cluster() -> int:
     """The connected cluster's id for weight file names (ownership.cluster_of)."""
     return cluster_of(ray.get_runtime_context().gcs_address)
+
+
+def weight_file_name(kind: str, owner: str, rest: str) -> str:
+    """The name of a weight file this process writes: with `owner` (the job's tag) the
+    owned name a sweep can judge (`ownership.Owned.weight_file`: this cluster, this
+    pid); without (benchmarks, tests), `areal-<kind>-<rest>`, which no sweep touches."""
+    if not owner:
+        return f"areal-{kind}-{rest}"
+    return Owned(owner).weight_file(kind, this_cluster(), os.getpid(), rest)
 
 
 def pid_alive(pid: int) -> bool:

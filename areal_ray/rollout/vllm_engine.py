@@ -66,7 +66,6 @@ from pathlib import Path
 from areal_ray.rollout.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engine import GenerationRequest, GenerationResult
 from areal_ray.rollout.limits import RequestLimits
-from areal_ray.cluster.ownership import Owned
 from areal_ray.weights import staging_dir
 
 try:
@@ -194,13 +193,8 @@ def stage_file(state_dict: dict, owner: str = "") -> Path:
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     # Named for its owner (the job's tag, with this pid): a replica killed mid-load
     # leaves it behind, and the sweep (areal_ray/cluster/ownership.py) finds it.
-    if owner:
-        from areal_ray.cluster.cleanup import this_cluster
-        name = Owned(owner).weight_file("vllm", this_cluster(), os.getpid(),
-                                        f"{uuid.uuid4().hex}.safetensors")
-    else:
-        name = f"areal-vllm-{uuid.uuid4().hex}.safetensors"
-    path = staging_dir(nbytes) / name
+    from areal_ray.cluster.cleanup import weight_file_name
+    path = staging_dir(nbytes) / weight_file_name("vllm", owner, f"{uuid.uuid4().hex}.safetensors")
     try:
         save_file(tensors, str(path))
     except BaseException:
