@@ -70,6 +70,6 @@ def check_plugins(cfg) -> tuple[str, ...]:
     workflow; each extra reward checker); raises `PluginError` naming the key.
     Returns the verifier names a dataset row may give."""
     from areal_ray.reward.registry import check_checkers
-    from areal_ray.rollout.workflow import EpisodeConfig, check_workflow
+    from areal_ray.rollout.workflows.base import EpisodeConfig, check_workflow
     check_workflow(cfg.rollout.workflow, EpisodeConfig.of(cfg), cfg.rollout.workflow_kwargs)
     return check_checkers(cfg.reward.checkers)

@@ -9,11 +9,11 @@ code written against the `openai` client runs unchanged as a rollout workflow.
 
 `openai.AsyncOpenAI(base_url=".../sessions/<sid>/v1", api_key=<rollout.openai.api_key>)`
 is all an agent needs. Every route first checks the bearer key and the body's size
-(areal_ray/rollout/endpoint_auth.py: a 401 or 413 before the body is read or parsed). Every call of a session is recorded token by token (areal_ray/rollout/sessions.py)
+(areal_ray/rollout/openai/auth.py: a 401 or 413 before the body is read or parsed). Every call of a session is recorded token by token (areal_ray/rollout/openai/sessions.py)
 and generated through the Rollout deployment's handle (an `EngineClient`: a lost
 replica is retried) with interruptible resubmission, so a weight push never reaches the
 agent and every token keeps the version that sampled it
-(areal_ray/rollout/openai_service.py does the work; this module maps routes onto it).
+(areal_ray/rollout/openai/service.py does the work; this module maps routes onto it).
 
 One replica, on purpose: sessions live in the replica's memory, and Serve's HTTP proxy
 has no session affinity, so a second replica would see half of each session's calls.
@@ -38,13 +38,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from areal_ray.rollout.endpoint_auth import RequestGuard
+from areal_ray.rollout.openai.auth import RequestGuard
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.limits import RequestLimits
-from areal_ray.rollout.openai_protocol import APIError, Defaults
-from areal_ray.rollout.openai_service import OpenAIService
-from areal_ray.rollout.sessions import SessionStore
-from areal_ray.rollout.sse import EventStream
+from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.rollout.openai.protocol import APIError, Defaults
+from areal_ray.rollout.openai.service import OpenAIService
+from areal_ray.rollout.openai.sessions import SessionStore
+from areal_ray.rollout.openai.sse import EventStream
 
 logger = logging.getLogger("ray.serve")
 
@@ -115,7 +115,7 @@ async def _body(guard: RequestGuard, request: Request) -> dict:
 @serve.ingress(api)
 class OpenAIServer:
     def __init__(self, rollout, model_path: str, opts: EndpointOptions):
-        from areal_ray.rollout.tool_calls import ToolCallParser
+        from areal_ray.rollout.openai.tool_calls import ToolCallParser
         from areal_ray.task.tokenizer import load_tokenizer
         tokenizer = load_tokenizer(model_path)
         self.guard = RequestGuard(opts.api_key, opts.max_request_bytes)

@@ -31,14 +31,15 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from areal_ray.config import Config
-from areal_ray.metrics import ReplicaMetrics
+from areal_ray.observe.metrics import ReplicaMetrics
 from areal_ray.cluster.ownership import tag_of_driver
-from areal_ray.rollout.backends import build_engine
-from areal_ray.rollout.engine import GenerationRequest
+from areal_ray.rollout.engines.base import EngineOptions
+from areal_ray.rollout.engines.registry import build_engine
+from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
-from areal_ray.rollout.weight_receivers import WeightReceiver
+from areal_ray.weights.receivers import WeightReceiver
 from areal_ray.task.tokenizer import load_tokenizer
-from areal_ray.weights import NCCL_ENV
+from areal_ray.weights.encoding import NCCL_ENV
 
 logger = logging.getLogger("ray.serve")
 
@@ -96,13 +97,11 @@ class RolloutServer:
                    opts: ServerOptions | None = None):
         opts = opts or ServerOptions.from_config(Config())
         torch.set_num_threads(opts.torch_threads)
-        self.engine = build_engine(opts.backend, model_path, max_batch_size=opts.max_batch_size,
-                                   dtype=opts.dtype, batching=opts.batching,
-                                   threads=opts.torch_threads, engine_kwargs=opts.engine_kwargs,
-                                   release_memory=opts.release_memory,
-                                   owner=tag_of_driver(driver_name) or "")
-        if hasattr(self.engine, "warmup"):
-            await self.engine.warmup()
+        self.engine = build_engine(opts.backend, model_path, EngineOptions(
+            max_batch_size=opts.max_batch_size, dtype=opts.dtype, batching=opts.batching,
+            threads=opts.torch_threads, engine_kwargs=dict(opts.engine_kwargs or {}),
+            release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or ""))
+        await self.engine.warmup()
         # The app owns the tokenizer, as inference servers do: clients (the rollout
         # stage) then need no transformers of their own (seconds and ~350 MB a process).
         self.tokenizer = load_tokenizer(model_path)
@@ -150,7 +149,7 @@ class RolloutServer:
         leaves the weights half written: the gate stays closed and Serve replaces the
         replica, where a whole receive would have fallen back to the object store."""
         return (not self.rolling and self.receiver.streams(payload)
-                and hasattr(self.engine, "update_weights_from_buckets"))
+                and self.engine.streams_buckets)
 
     async def _swap(self, state_dict: dict | None, version: int, buckets=None) -> None:
         if self.rolling:
@@ -228,7 +227,7 @@ class RolloutServer:
                        temperature: float = 1.0, ignore_eos: bool = False,
                        stop_ids: list[int] | None = None, seed: int | None = None) -> dict:
         """One request, checked against the engine's limits before the engine sees it
-        (areal_ray/rollout/limits.py): a bad one is a ValueError for this caller only."""
+        (areal_ray/rollout/engines/limits.py): a bad one is a ValueError for this caller only."""
         req = self.engine.limits.admit(GenerationRequest(
             input_ids, max_new_tokens, temperature, ignore_eos=ignore_eos,
             stop_ids=list(stop_ids or ()), seed=seed))
@@ -267,8 +266,6 @@ class RolloutServer:
     async def weights_digest(self) -> dict:
         """Which exact weights this replica serves: `digest` is the sha256 of the state
         dict in checkpoint names (see the engine's `weights_digest` for what it covers)."""
-        if not hasattr(self.engine, "weights_digest"):
-            raise NotImplementedError(f"the {type(self.engine).__name__} cannot report a digest")
         return {"replica_id": self.replica_id, "version": self.engine.get_version(),
                 **await self.engine.weights_digest()}
 
@@ -278,11 +275,10 @@ class RolloutServer:
         # An engine whose weight load failed keeps its gate closed (its weights may be
         # half written): failing the health check has Serve replace the replica, and
         # the new one loads the latest weights when it registers.
-        failure = self.engine.load_failure() if hasattr(self.engine, "load_failure") else None
+        failure = self.engine.load_failure()
         if failure:
             raise RuntimeError(f"replica stopped serving: {failure}")
-        if hasattr(self.engine, "check_health"):  # e.g. vLLM's engine-core process died
-            await self.engine.check_health()
+        await self.engine.check_health()  # e.g. vLLM's engine-core process died
 
     async def __del__(self):
         if self.driver is not None:
@@ -290,8 +286,7 @@ class RolloutServer:
                 await self.driver.unregister_replica.remote(self.replica_id)
             except Exception:  # noqa: BLE001 - the driver may be gone at shutdown
                 pass
-        if hasattr(self.engine, "shutdown"):  # vLLM: stop its engine-core processes now
-            self.engine.shutdown()
+        self.engine.shutdown()  # vLLM: stop its engine-core processes now
 
 
 def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):
@@ -310,7 +305,7 @@ def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):
         scaling["request_router_config"] = RequestRouterConfig(
             request_router_class=LeastOutstandingTokensRouter)
     actor = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
-    if r.num_gpus > 0:  # the trainer's NCCL settings (areal_ray.weights.NCCL_ENV)
+    if r.num_gpus > 0:  # the trainer's NCCL settings (areal_ray.weights.encoding.NCCL_ENV)
         actor["runtime_env"] = {"env_vars": dict(NCCL_ENV)}
     return RolloutServer.options(
         max_ongoing_requests=r.max_ongoing_requests,

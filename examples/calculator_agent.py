@@ -1,7 +1,7 @@
 """A calculator agent written only against the `openai` client: run it as a rollout
 workflow with
 
-    rollout.workflow=areal_ray.rollout.agent_workflow.AgentWorkflow
+    rollout.workflow=areal_ray.rollout.workflows.agent.AgentWorkflow
     rollout.workflow_kwargs={agent: examples.calculator_agent.calculator_agent}
     rollout.openai.enabled=true
 
@@ -19,7 +19,7 @@ OpenAI-compatible server.
 
 from __future__ import annotations
 
-from areal_ray.rollout.tools import ToolCall, calculate, find_call
+from areal_ray.rollout.workflows.tools import ToolCall, calculate, find_call
 
 MODEL = "policy"  # the endpoint serves the run's model under any name
 MAX_TOOL_CALLS = 4

@@ -4,7 +4,7 @@ placement-group cleaners that outlived their controllers.
 
     python -m jobs.cleanup [address=auto] [dry_run=true]
 
-Every job runs the same sweep when it starts (areal_ray/run.py); this is for a cluster
+Every job runs the same sweep when it starts (areal_ray/run/job.py); this is for a cluster
 no job is about to start on. Resources of jobs still running are never touched: a job
 counts as alive while its driver actor (`areal-driver-<tag>`, which Ray ends with the
 job's process) is (areal_ray/cluster/ownership.py). Prints one line per resource,

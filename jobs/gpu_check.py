@@ -243,7 +243,7 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
 
 # ----------------------------------------------------------------- weight_push
 def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nbytes: int, q) -> None:
-    from areal_ray.weights import WeightGroup, digest, manifest_of
+    from areal_ray.weights.encoding import WeightGroup, digest, manifest_of
     try:
         if backend == "nccl":
             torch.cuda.set_device(device)
@@ -271,7 +271,7 @@ def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nby
 
 
 def _push_round(backend: str, devices: list[int], mode: str, nbytes: int) -> dict:
-    from areal_ray.weights import free_port
+    from areal_ray.weights.encoding import free_port
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_push_member, args=(r, port, backend, devices[r], mode, nbytes, q))
@@ -318,7 +318,7 @@ def pick_engine(name: str) -> str:
 
 async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict:
     from areal_ray.algo.logprobs import token_logprobs
-    from areal_ray.rollout.engine import GenerationRequest
+    from areal_ray.rollout.engines.base import GenerationRequest
     first = await engine.generate(GenerationRequest(tok_ids, 16, temperature=1.0, ignore_eos=True))
     # The longest request the model's context allows (sglang refuses more than that).
     budget = context - len(tok_ids) - 1
@@ -349,20 +349,17 @@ async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict
 def check_engine(c: GPUCheckConfig, dev: torch.device) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from areal_ray.rollout.backends import build_engine
+    from areal_ray.rollout.engines.base import EngineOptions
+    from areal_ray.rollout.engines.registry import build_engine
     backend = pick_engine(c.engine)
     dtype = "bfloat16" if dev.type == "cuda" else "float32"
-    engine = build_engine(backend, c.engine_model, dtype=dtype,
-                          **({"device": str(dev)} if backend == "hf" else {}))
+    engine = build_engine(backend, c.engine_model, EngineOptions(dtype=dtype, device=str(dev)))
     try:
         model = AutoModelForCausalLM.from_pretrained(c.engine_model, dtype=getattr(torch, dtype)).to(dev)
         out = asyncio.run(_engine_round(engine, model, [5, 6, 7, 8, 9, 10],
                                         model.config.max_position_embeddings))
     finally:
-        for stop in ("shutdown", "close"):  # vLLM/sglang, hf
-            if hasattr(engine, stop):
-                getattr(engine, stop)()
-                break
+        engine.shutdown()
         del engine
     tol = 0.05 if dtype == "bfloat16" else 1e-3
     ok = (out["generated"] == 16 and out["aborted"] == "abort" and out["versions_after_update"] == [1]
@@ -431,7 +428,7 @@ def engine_dir(c: GPUCheckConfig, hf, dtype: str, out: Path) -> str:
 
 
 async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> list[dict]:
-    from areal_ray.rollout.engine import GenerationRequest
+    from areal_ray.rollout.engines.base import GenerationRequest
     from areal_ray.train.fsdp import full_state_dict
     from areal_ray.train.step import train_step
     g = torch.Generator().manual_seed(3)
@@ -466,7 +463,7 @@ async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> li
 def check_loop(c: GPUCheckConfig, dev: torch.device) -> dict:
     import tempfile
 
-    from areal_ray.rollout.hf_engine import HFEngine
+    from areal_ray.rollout.engines.hf import HFEngine
     from areal_ray.train.fsdp import full_state_dict
     cfg = run_settings(c, dev)
     with SoloGroup(dev), tempfile.TemporaryDirectory() as tmp:
@@ -479,7 +476,7 @@ def check_loop(c: GPUCheckConfig, dev: torch.device) -> dict:
                                     for k, t in full_state_dict(m.policy).items()})
             rounds = asyncio.run(_loop_rounds(c, cfg, m, engine, dev, hf.vocab_size))
         finally:
-            engine.close()
+            engine.shutdown()
     # round v generates with version v-1's weights: each push must have reached the engine
     ok = all(r["served_versions"] == [r["version"] - 1] and r["samples"] for r in rounds) and \
         all(bool(torch.isfinite(torch.tensor(r["loss"]))) for r in rounds)

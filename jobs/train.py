@@ -15,7 +15,7 @@ from jobs.cli import run_job
 
 def train(cfg) -> dict:
     # heavy imports only after the config is valid
-    from areal_ray.run import run_training
+    from areal_ray.run.job import run_training
     return run_training(cfg)
 
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-E2E_DIRS = {"jobs", "notebooks", "deployments"}  # the real job, a notebook, a Serve app
+E2E_DIRS = {"jobs", "benchmarks", "notebooks", "deployments"}  # the real job, a bench, a notebook, a Serve app
 RAY_FIXTURES = {"ray_cluster", "head_cluster"}
 
 
 def pytest_collection_modifyitems(config, items):
     """One tier marker per test, decided here rather than by hand in each file:
-    `e2e` (tests/jobs, tests/notebooks, tests/deployments: real jobs and Serve apps),
+    `e2e` (tests/jobs, tests/benchmarks, tests/notebooks, tests/deployments: real jobs, benches and Serve apps),
     `ray` (a test that takes a Ray cluster fixture), `unit` (the rest: no cluster).
     `make test-fast` runs the unit tier; `make test` runs them all."""
     for item in items:
@@ -78,7 +78,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def embedded_model() -> str:
     """The committed, warm-started tiny model (built here if it is missing)."""
-    from areal_ray.run import resolve_model
+    from areal_ray.run.job import resolve_model
     os.chdir(REPO)
     return resolve_model("artifacts/tiny")
 
@@ -86,7 +86,7 @@ def embedded_model() -> str:
 @pytest.fixture(scope="session")
 def tools_model() -> str:
     """The committed tool-use model of conf/tools.yaml (built here if it is missing)."""
-    from areal_ray.run import resolve_model
+    from areal_ray.run.job import resolve_model
     os.chdir(REPO)
     return resolve_model("artifacts/tiny-tools")
 

@@ -194,7 +194,7 @@ def test_moved_keys_in_a_shipped_config_arrive():
 
 def test_benchmark_config_loads():
     """conf/bench_*.yaml configure a benchmark: its keys, with a run config under `base`."""
-    from jobs.bench_async import BenchAsyncConfig, check
+    from benchmarks.bench_async import BenchAsyncConfig, check
     c = check(load_config(str(REPO / "conf" / "bench_async.yaml"), schema=BenchAsyncConfig))
     assert 0 in c.etas and c.base.train.steps >= 1
 

@@ -3,7 +3,7 @@
 Ray Train's controller unpickles the config and the train function, Ray Data's
 coordinator and dataset manager the pipeline, the driver actor every weight payload.
 Each of those paying for torch cost the quickstart ~1 GiB and seconds of start-up
-(jobs/bench_peers.py), so the boundary is tested: in a fresh interpreter, unpickle
+(benchmarks/bench_peers.py), so the boundary is tested: in a fresh interpreter, unpickle
 what they receive and look at sys.modules.
 """
 
@@ -17,9 +17,9 @@ import torch
 from areal_ray.config import Config
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.stream import PromptDatasource, rows_stream
-from areal_ray.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
+from areal_ray.weights.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
 from areal_ray.train.entry import train_loop_per_worker
-from areal_ray.weight_payloads import CollectivePayload, DiskPayload, ShmPayload
+from areal_ray.weights.payloads import CollectivePayload, DiskPayload, ShmPayload
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -41,7 +41,7 @@ class SweepReport:
 
 
 def weight_dirs() -> list[Path]:
-    """Where weight files are written (`areal_ray.weights.staging_dir`): /dev/shm, and
+    """Where weight files are written (`areal_ray.weights.encoding.staging_dir`): /dev/shm, and
     the temp dir when shared memory is full. Not imported from there: that module
     imports torch, and the sweep runs on every node."""
     dirs = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []

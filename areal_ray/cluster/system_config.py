@@ -6,7 +6,7 @@ and once that is reached, the ids of the dropped attempts, up to
 `task_events_max_dropped_task_attempts_tracked_per_job_in_gcs` (1,000,000). A run
 makes a few hundred calls per step (the rollout stage's gate calls, Serve requests,
 load reports, the trainer's and the job's polls), so `gcs_server` grew ~20 MiB per
-100 quickstart steps until the cap, an estimated ~200 MiB (jobs.bench_soak; docs/architecture.md,
+100 quickstart steps until the cap, an estimated ~200 MiB (benchmarks.bench_soak; docs/architecture.md,
 "Long runs"). `run.task_events_kept` caps the records at a size the newest of which still
 cover the last minutes of a run, and the dropped ids at ten times that.
 

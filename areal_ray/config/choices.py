@@ -17,6 +17,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from areal_ray.rollout.engines.registry import ENGINES
+
 
 class Choice(StrEnum):
     """A config choice; `values()` are what may be written in a config."""
@@ -26,10 +28,8 @@ class Choice(StrEnum):
         return tuple(m.value for m in cls)
 
 
-class RolloutBackend(Choice):
-    hf = "hf"
-    vllm = "vllm"
-    sglang = "sglang"
+# One member per engine in the registry, which names engines without importing them.
+RolloutBackend = Choice("RolloutBackend", {name: name for name in ENGINES})
 
 
 class Batching(Choice):

@@ -43,7 +43,7 @@ class OpenAIEndpointConfig:
         require(self.session_ttl_s > 0, "rollout.openai.session_ttl_s must be > 0")
         require(self.max_ongoing_requests >= 1, "rollout.openai.max_ongoing_requests must be >= 1")
         if self.enabled:
-            from areal_ray.rollout.tool_calls import check_tool_parser_name  # no vLLM import
+            from areal_ray.rollout.openai.tool_calls import check_tool_parser_name  # no vLLM import
             try:
                 check_tool_parser_name(self.tool_parser)
             except ValueError as e:
@@ -80,7 +80,7 @@ class RolloutConfig:
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
     max_concurrent_rollouts: int = opt(0, "most prompt groups in flight; 0: (eta+1)*batch_groups")
     torch_threads: int = opt(1, "torch intra-op threads per replica (vllm: OpenMP threads of its engine process)")
-    workflow: str = opt("areal_ray.rollout.workflow.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/workflows.md); a user's own plugs in here")
+    workflow: str = opt("areal_ray.rollout.workflows.base.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/workflows.md); a user's own plugs in here")
     workflow_kwargs: dict = opt({}, "keyword arguments of the workflow's constructor")
     episode_timeout_s: float = opt(1800.0, "deadline of one row's episode, from its admission: a later one is abandoned and its row rejected (as a workflow's rejection: counted once, tickets stay in order), so one episode that never returns cannot stall training, which waits for every ticket in order; 0: no deadline. Generous by default: an episode may legitimately wait out weight pushes and, with release_memory, whole training steps")
     openai: OpenAIEndpointConfig = section(OpenAIEndpointConfig, "the OpenAI-compatible endpoint for agent workflows")

@@ -1,4 +1,4 @@
-"""`weights.*`: how a trained version reaches the rollout replicas (areal_ray/weights.py).
+"""`weights.*`: how a trained version reaches the rollout replicas (areal_ray/weights/encoding.py).
 
 That NCCL needs GPUs on both ends is a cross-section check (root.py).
 """

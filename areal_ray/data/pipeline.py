@@ -5,7 +5,7 @@ so each stage handles one group per task and no stage ever waits to fill a batch
 staleness gate waits for training would deadlock the run (docs/stack_facts.md). The rollout
 stage is an async actor UDF: each of its concurrent calls asks the driver for a
 ticket (waiting while the gate is full), runs the rollout workflow's episode on the
-row (`rollout.workflow`, areal_ray/rollout/workflow.py) through the rollout Serve
+row (`rollout.workflow`, areal_ray/rollout/workflows/base.py) through the rollout Serve
 app under the episode deadline (`rollout.episode_timeout_s`), and tells the driver it
 finished (`AdmittedEpisodes`). The reward
 stage is an autoscaling actor pool (`ActorPoolStrategy(min_size, max_size)`).
@@ -31,7 +31,7 @@ from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
 from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.workflow import (SINGLE_TURN, EpisodeConfig, abandoned, build_workflow,
+from areal_ray.rollout.workflows.base import (SINGLE_TURN, EpisodeConfig, abandoned, build_workflow,
                                        check_episode, group_of)
 from areal_ray.types import Group
 

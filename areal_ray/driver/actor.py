@@ -43,8 +43,8 @@ from areal_ray.driver.events import EventLog
 from areal_ray.driver.fleet import Fleet
 from areal_ray.driver.publication import Publication
 from areal_ray.driver.release import MemoryRelease
-from areal_ray.metrics import DriverMetrics
-from areal_ray.weight_payloads import CollectivePayload
+from areal_ray.observe.metrics import DriverMetrics
+from areal_ray.weights.payloads import CollectivePayload
 
 MONITOR_PERIOD_S = 2.0
 

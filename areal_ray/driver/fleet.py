@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from areal_ray.utilization import thin
+from areal_ray.observe.utilization import thin
 
 MAX_LOAD_REPORTS = 2_000  # per replica; beyond it the reports are thinned
 

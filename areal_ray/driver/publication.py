@@ -28,7 +28,7 @@ from typing import Any
 class Announcement:
     serial: int  # 0: the model on disk, loaded by every replica at start
     version: int
-    payload: Any  # a typed weight payload (areal_ray/weight_payloads.py); None: from disk
+    payload: Any  # a typed weight payload (areal_ray/weights/payloads.py); None: from disk
 
     def as_tuple(self) -> tuple:
         """(serial, version, payload): what replicas receive over Ray."""

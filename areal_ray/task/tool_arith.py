@@ -7,7 +7,7 @@ negative). There are two ways to answer:
     direct:  \\boxed{8728}
 
 In the tool solution the model writes `calc(4821+3907)`; generation stops at `)`, the
-rollout workflow (areal_ray/rollout/tool_workflow.py) runs the calculator and appends
+rollout workflow (areal_ray/rollout/workflows/tool.py) runs the calculator and appends
 its result as `=8728\\n` (RESULT_FORMAT). Those tokens are the tool's, not the
 policy's: they are in the trajectory with loss mask 0, and in the warm start's labels
 they are masked out the same way (`encode`). The model then copies the result into
@@ -127,7 +127,7 @@ def generate_with_tool(model, tok, prompts: list[str], max_turns: int = 3,
     `\\boxed{` a direct answer)."""
     import torch
 
-    from areal_ray.rollout.tools import ToolCall, calculate, find_call  # the workflow's own
+    from areal_ray.rollout.workflows.tools import ToolCall, calculate, find_call  # the workflow's own
 
     stop = [tok.eos_token_id, tok.convert_tokens_to_ids(CALL_END)]
     outs = [prefix for _ in prompts]

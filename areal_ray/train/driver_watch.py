@@ -7,7 +7,7 @@ group (`train.max_failures`), which cannot work either. This callback runs in Ra
 Train's controller: a thread there checks the driver every `period_s` and, once it is
 gone, kills the controller, whose worker group and data pipeline go with it (Ray ends
 the actors an actor owns). The job then reports the driver's death and how to resume
-(`areal_ray/run.py`). A thread, not the controller's event loop: that loop blocks in
+(`areal_ray/run/job.py`). A thread, not the controller's event loop: that loop blocks in
 calls like starting a worker group, which is where a retry without a driver hangs.
 """
 

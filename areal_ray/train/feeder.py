@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from areal_ray.rollout.workflow import is_abandoned
+from areal_ray.rollout.workflows.base import is_abandoned
 from areal_ray.types import Group
 
 _DONE = object()

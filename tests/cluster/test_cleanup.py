@@ -46,7 +46,7 @@ def test_sweep_local_files(ray_cluster, tmp_path, monkeypatch):
 
 
 def test_sweep_removes_a_dead_jobs_app_on_a_cluster_without_a_dashboard(ray_cluster):
-    """The start-up sweep of every job (areal_ray/run.py), on the kind of cluster where
+    """The start-up sweep of every job (areal_ray/run/job.py), on the kind of cluster where
     Ray's state API does not answer: Serve apps, every node's files, the GCS tables."""
     from ray import serve
 

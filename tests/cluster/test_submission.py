@@ -49,7 +49,7 @@ def test_shipped_files_are_not(path):
 
 
 def test_a_missing_relative_model_path_says_to_use_an_absolute_one(tmp_path, monkeypatch):
-    import areal_ray.run as run
+    import areal_ray.run.job as run
     monkeypatch.setattr(run, "REPO_ROOT", tmp_path)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as e:
@@ -61,6 +61,6 @@ def test_a_missing_relative_model_path_says_to_use_an_absolute_one(tmp_path, mon
 
 
 def test_an_absolute_path_without_a_model_keeps_its_message(tmp_path):
-    from areal_ray.run import resolve_model
+    from areal_ray.run.job import resolve_model
     with pytest.raises(FileNotFoundError, match="has no config.json: not an HF model directory"):
         resolve_model(str(tmp_path))

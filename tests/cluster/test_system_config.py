@@ -2,7 +2,7 @@
 
 import pytest
 
-from areal_ray import run
+from areal_ray.run import job as run
 from areal_ray.config import Config
 
 pytestmark = pytest.mark.unit

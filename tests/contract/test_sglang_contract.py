@@ -37,9 +37,9 @@ from sglang.srt.server_args import ServerArgs, record_fields  # noqa: E402
 from sglang.srt.utils import MultiprocessingSerializer  # noqa: E402
 from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads  # noqa: E402
 
-from areal_ray.rollout import sglang_engine as se  # noqa: E402
-from areal_ray.rollout.engine import GenerationRequest  # noqa: E402
-from areal_ray.weights import SharedMemoryWeights, manifest_of, put_state, read_shared, state_from  # noqa: E402
+from areal_ray.rollout.engines import sglang as se  # noqa: E402
+from areal_ray.rollout.engines.base import GenerationRequest  # noqa: E402
+from areal_ray.weights.encoding import SharedMemoryWeights, manifest_of, put_state, read_shared, state_from  # noqa: E402
 
 
 def test_our_module_binds_the_real_package():

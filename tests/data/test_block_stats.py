@@ -24,7 +24,7 @@ def _meta(i: int) -> BlockMetadata:
 
 def test_the_pipeline_modules_bound_every_map_operators_block_stats():
     # Ray keeps this list for the whole dataset: a run's one long dataset grew it
-    # with every prompt (the coordinator's growth in jobs.bench_soak).
+    # with every prompt (the coordinator's growth in benchmarks.bench_soak).
     stats = _operator().get_stats()
     (kept,) = stats.values()
     assert hasattr(kept, "maxlen"), f"unbounded: {type(kept).__name__}"

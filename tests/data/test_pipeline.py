@@ -24,7 +24,7 @@ from areal_ray.data.stream import rows_stream
 from areal_ray.driver import Driver
 from areal_ray.driver.admission import WAIT, Admission
 from areal_ray.plugins import check_plugins
-from areal_ray.rollout.workflow import ABANDONED, EpisodeConfig, group_of, is_abandoned
+from areal_ray.rollout.workflows.base import ABANDONED, EpisodeConfig, group_of, is_abandoned
 from areal_ray.train.feeder import StepAssembler
 from areal_ray.train.loop import has_samples
 from areal_ray.types import Group, Sample

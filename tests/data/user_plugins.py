@@ -2,7 +2,7 @@
 module of their own (light imports: the reward checker's process imports this file),
 named by dotted path in tests/data/test_pipeline.py."""
 
-from areal_ray.rollout.workflow import SingleTurnWorkflow
+from areal_ray.rollout.workflows.base import SingleTurnWorkflow
 
 
 class EvenRowsOnly(SingleTurnWorkflow):

@@ -22,13 +22,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
-from areal_ray.rollout.agent_workflow import AgentWorkflow
-from areal_ray.rollout.tool_calls import new_call_id
-from areal_ray.rollout.workflow import EpisodeConfig
-from areal_ray.train.push import WeightPusher
+from areal_ray.rollout.workflows.agent import AgentWorkflow
+from areal_ray.rollout.openai.tool_calls import new_call_id
+from areal_ray.rollout.workflows.base import EpisodeConfig
+from areal_ray.weights.push import WeightPusher
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
-from tests.train.test_push import perturb
+from tests.weights.test_push import perturb
 
 PREFIX = "/rl"
 KEY = "test-endpoint-key-0123456789"
@@ -243,7 +243,7 @@ def test_tools_are_accepted_and_a_tool_reply_continues_the_recorded_sample(endpo
     """Over HTTP with the real client, on the default `hermes` parser. The random char
     model never writes a call (its alphabet cannot spell JSON strings), so its answer
     has no `tool_calls`; the reply then carries a call with the id the endpoint gives
-    to a call in the session's first output (tests/rollout/test_tool_calls.py parses
+    to a call in the session's first output (tests/rollout/openai/test_tool_calls.py parses
     real call text with a scripted engine): the client sends it and the tool result
     back, and the request continues the first call's exact ids, one Sample."""
     async def go():

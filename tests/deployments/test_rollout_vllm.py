@@ -25,11 +25,11 @@ from transformers import AutoModelForCausalLM
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.interruptible import generate_group
-from areal_ray.train.push import WeightPusher
-from areal_ray.weights import digest
+from areal_ray.weights.push import WeightPusher
+from areal_ray.weights.encoding import digest
 from deployments.rollout import build_app
 from tests.deployments.test_rollout import replica_stats
-from tests.train.test_push import perturb, replica_reports
+from tests.weights.test_push import perturb, replica_reports
 
 pytest.importorskip("vllm")
 

@@ -3,8 +3,8 @@
 import ray
 
 from areal_ray.driver import Driver
-from areal_ray.tensor_spec import TensorSpec
-from areal_ray.weight_payloads import CollectivePayload, DiskPayload, ObjectStorePayload
+from areal_ray.weights.tensor_spec import TensorSpec
+from areal_ray.weights.payloads import CollectivePayload, DiskPayload, ObjectStorePayload
 
 
 def test_acquire_waits_for_a_push_and_close_releases_waiters(ray_cluster):

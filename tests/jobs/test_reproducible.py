@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from areal_ray.config import ConfigError, load_config
-from areal_ray.run import run_training
+from areal_ray.run.job import run_training
 from areal_ray.train.batch_record import read_step
 
 STEPS, B, N = 3, 4, 8

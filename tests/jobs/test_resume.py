@@ -14,9 +14,9 @@ import pytest
 from ray._private import state
 
 from areal_ray.config import ConfigError, load_config
-from areal_ray.interrupt import RunInterrupted
-from areal_ray.run import run_training
-from areal_ray.tracking import lineage, read_events
+from areal_ray.run.interrupt import RunInterrupted
+from areal_ray.run.job import run_training
+from areal_ray.observe.tracking import lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 B, GROUP = 4, 4

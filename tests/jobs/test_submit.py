@@ -15,7 +15,7 @@ import mlflow
 from ray.job_submission import JobStatus, JobSubmissionClient
 from transformers import AutoModelForCausalLM
 
-from areal_ray.metrics import METRICS
+from areal_ray.observe.metrics import METRICS
 
 STEPS = 8
 LINE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")

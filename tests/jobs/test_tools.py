@@ -8,8 +8,8 @@ import json
 import pytest
 
 from areal_ray.config import load_config
-from areal_ray.run import run_training
-from areal_ray.tracking import lineage, read_events
+from areal_ray.run.job import run_training
+from areal_ray.observe.tracking import lineage, read_events
 
 STEPS, B, G = 3, 4, 4
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from areal_ray.config import load_config
-from areal_ray.run import run_training
+from areal_ray.run.job import run_training
 from areal_ray.train.checkpoint import latest_checkpoint
 
 STEPS, B = 5, 4

@@ -269,7 +269,7 @@ def test_exit_reasons(code, reason):
 def test_the_reward_bench_refuses_before_it_measures_without_its_sandbox(no_bwrap, capsys):
     """The bench's code samples run in the sandbox: without bubblewrap, auto refuses
     before Ray starts rather than measuring checks that never ran."""
-    from jobs.bench_reward import main
+    from benchmarks.bench_reward import main
     assert main(["sandbox=auto", "sizes=[1]", "groups=2"]) == 2
     assert "bubblewrap" in capsys.readouterr().err
     assert main(["sandbox=nope"]) == 2  # not a mode: the config names the choices

@@ -6,8 +6,8 @@ import asyncio
 import torch
 
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
-from areal_ray.rollout.engine import GenerationRequest
-from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.engines.base import GenerationRequest
+from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.rollout.interruptible import generate_group, generate_interruptible
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.rollout.seeds import SEED_BITS, request_seed
-from areal_ray.rollout.workflow import SINGLE_TURN, EpisodeConfig, build_workflow
-from tests.rollout.test_workflow import ROW, InProcessApp
+from areal_ray.rollout.workflows.base import SINGLE_TURN, EpisodeConfig, build_workflow
+from tests.rollout.workflows.test_base import ROW, InProcessApp
 
 
 def test_request_seed_is_a_function_of_the_request_only():

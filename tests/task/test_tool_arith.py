@@ -78,7 +78,7 @@ def test_encode_sft_masks_the_tool_result_in_the_labels():
 
 
 def test_the_workflows_calculator_answers_every_call_of_the_task():
-    from areal_ray.rollout.tools import ToolCall, calculate, find_call
+    from areal_ray.rollout.workflows.tools import ToolCall, calculate, find_call
 
     for p in make_split(seed=5, n=200):
         text = render(segments(p, use_tool=True))[0]

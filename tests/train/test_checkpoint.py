@@ -261,7 +261,7 @@ def test_dcp_values_and_metadata_globals_are_plain(tmp_path):
     assert not any(metadata_global_allowed(*g) for g in refused)
 
 
-# --- the job's resume checks (areal_ray/run.py), before Ray starts -----------------
+# --- the job's resume checks (areal_ray/run/job.py), before Ray starts -----------------
 
 class RayStarted(Exception):
     pass
@@ -270,7 +270,7 @@ class RayStarted(Exception):
 @pytest.fixture
 def no_ray(monkeypatch):
     """A job that gets past its checks would start Ray: here it stops there instead."""
-    import areal_ray.run as run
+    import areal_ray.run.job as run
 
     def refuse(cfg):
         raise RayStarted
@@ -342,7 +342,7 @@ def test_a_resume_may_change_what_does_not_decide_the_checkpoint(
 
 
 def test_each_job_keeps_its_config_and_a_resume_is_checked_against_the_newest(tmp_path):
-    from areal_ray.resume import check_resume_config, config_records, write_config_record
+    from areal_ray.run.resume import check_resume_config, config_records, write_config_record
     first = to_dict(load_config(None, []))
     changed = to_dict(load_config(None, ["train.seed=7"]))
     assert write_config_record(tmp_path, first, resume=False).name == "config.json"

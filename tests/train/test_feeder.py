@@ -64,7 +64,7 @@ def test_a_duplicated_ticket_is_an_error(ray_cluster):
 def test_abandoned_episodes_are_counted_among_the_rejected(ray_cluster):
     """A row whose episode passed rollout.episode_timeout_s arrives as an empty group
     marked abandoned: rejected like any other, and counted apart in the step."""
-    from areal_ray.rollout.workflow import ABANDONED
+    from areal_ray.rollout.workflows.base import ABANDONED
     from areal_ray.train.loop import has_samples
     items = rows([0, 2, 3])
     late = Group(1, "u1", "p", "1", "math", 0, [], pos=101)

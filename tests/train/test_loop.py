@@ -1,8 +1,8 @@
 """The worker loop's pure parts: groups -> sequences with advantages and staleness."""
 
 from areal_ray.config import load_config
-from areal_ray.rollout.engine import GenerationRequest
-from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.engines.base import GenerationRequest
+from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.train.loop import flatten_groups, informative
 from areal_ray.types import Group, Sample
 
@@ -44,7 +44,7 @@ def test_gae_passes_shaped_outcome_rewards_to_the_critic(random_model_dir):
 def test_a_nonfinite_reward_leaves_the_step_record_and_its_line_printable(random_model_dir):
     import io
 
-    from areal_ray.progress import StepProgress
+    from areal_ray.observe.progress import StepProgress
     from areal_ray.train.feeder import StepBatch
     from areal_ray.train.loop import step_record
 

@@ -82,7 +82,7 @@ def test_the_first_versions_configs_did_not_fit(qwen_config):
 
 def test_the_job_refuses_a_budget_that_does_not_fit_and_picks_one_when_asked():
     from areal_ray.config import ConfigError
-    from areal_ray.run import check_memory
+    from areal_ray.run.job import check_memory
     base = ["train.activation_checkpointing=false", "train.gpu_memory_gib=40"]
     with pytest.raises(ConfigError, match="does not fit train.gpu_memory_gib=40.*largest that fits is 6561"):
         check_memory(load_config("conf/gsm8k_qwen_sglang.yaml", base), QWEN_1_5B)

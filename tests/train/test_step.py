@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.config import load_config
-from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.train.critic import load_critic
 from areal_ray.train.loop import flatten_groups
 from areal_ray.train.schedule import make_scheduler

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from areal_ray.config import load_config
-from areal_ray.rollout.hf_engine import HFEngine
+from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.train.critic import load_critic
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
 from areal_ray.train.loop import flatten_groups

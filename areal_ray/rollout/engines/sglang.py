@@ -1,0 +1,492 @@
+"""SGLangEngine: the InferenceEngine protocol on sglang's in-process offline engine (GPUs).
+
+`sgl.Engine` runs sglang's scheduler and detokenizer in subprocesses and its
+TokenizerManager in this process. We send token ids (`skip_tokenizer_init=True`), one
+request per `generate` call, and let sglang batch them. The engine's synchronous
+methods (weight updates, flush) drive sglang's own event loop with
+`run_until_complete`, which cannot be called from inside our running loop, so the
+control calls go to the async coroutines of `engine.tokenizer_manager` with the
+request structs from `sglang.srt.managers.io_struct` -- exactly what those sync
+wrappers build and await.
+
+Versions. Every token of a result carries the policy version it was sampled under,
+and a result never mixes versions: weights change only while the admission gate is
+closed and no request of ours is inside sglang. A request records the version when
+it passes the gate; `pause("abort")` aborts the running ones (they return their
+partial output with stop reason "abort") and `pause("wait")` lets them finish. We
+keep our own gate (`AdmissionGate`, admission.py) instead of the TokenizerManager's
+`pause_generation`: its "abort" mode holds a request that already passed our gate
+inside sglang across the update (it would then run on the new weights under the old
+version tag), and its
+"retract"/"in_place" modes freeze running requests instead of letting them finish.
+
+Behaviour logprobs. sglang returns, per output token, the logprob under
+softmax(logits / temperature): temperature applied, top-k/top-p not applied to the
+logprob (an older sampler renormalised by top-p, hence top_p=1 here; top_k=-1 and
+min_p=0 also keep the sampled distribution the full one). Greedy is temperature 0,
+which sglang turns into top_k=1 at temperature 1; its logprobs are then those of
+the raw logits. The env var SGLANG_RETURN_ORIGINAL_LOGPROB (RETURN_ORIGINAL_LOGPROB
+in older releases) switches to pre-temperature logprobs, which our trainer cannot
+use, so the constructor refuses it.
+
+Seeds. A request's `seed` goes out as sglang's `sampling_seed`, which sglang honours
+only when the engine runs with `enable_deterministic_inference=True` (a server arg:
+`rollout.engine_kwargs.enable_deterministic_inference=true`): then each row samples by
+a Gumbel draw hashed from (its seed, its position), so the draw never depends on the
+batch, and sglang switches to its batch-invariant kernels (attention, matmul, norms)
+and the pytorch sampler. Without it the seed is ignored (sglang samples from one
+generator for the batch): the engine warns once. Checked against the wheel's
+SamplingParams and SamplingBatchInfo (tests/contract); not run on a GPU here.
+
+Weight updates. sglang 0.5.23 loads tensors only inside a weight-update session:
+`update_weights_from_tensor` answers success=False unless `begin_weight_update` ran
+before it, and `end_weight_update` must follow (it finalises the runners' weights).
+`update_weights_from_disk` needs no session. A failed load still ends its session, and
+that end's own failure is attached to the load's error as a note, not raised in its
+place. A push cancelled between begin and end can leave the session open, and sglang
+refuses a nested begin (the 00a2ca2e scheduler asserts), so the engine remembers that a
+session may be open and the next push ends it before its own begin. Tensors go to the
+scheduler through sglang's MultiprocessingSerializer (torch's ForkingPickler): a CPU
+tensor is shared by moving its storage into shared memory, which fails with OSError(9)
+for a view of a file mapping (our `shm` weight path), so CPU tensors are first copied
+into fresh memory, in the serving dtype (`named_tensors`). CUDA tensors go by CUDA IPC
+when TP is 1; with TP > 1 every rank would open the handles on this process's GPU (a
+CUDA context there and a cross-GPU copy each), so they go as CPU copies instead and each
+rank copies to its own GPU. On the `collective` path the replica receives the buckets
+through our own process group (`areal_ray.weights.encoding`); `update_weights_from_buckets`
+loads each bucket as it arrives (one `update_weights_from_tensor` per bucket in one
+session), so the replica holds a bucket or two instead of the whole model.
+sglang's `update_weights_from_distributed` is not used (it expects its own rendezvous
+and one broadcast per tensor).
+
+Cache flush. A weight update must drop the prefix cache computed under the old weights,
+but not through the update's own `flush_cache=True`: the scheduler flushes only when
+fully idle (no running, last or in-flight batch), and a request we aborted can stay in
+its batches for an iteration after its output has reached us. sglang then fails the
+update (0.5.23) or asserts and dies, taking the Serve replica with it (00a2ca2e). So
+updates go with flush_cache=False, and the engine asks `TokenizerManager.flush_cache`,
+which answers success or failure, until it succeeds (FLUSH_TIMEOUT_S at most) before
+the session ends and the gate reopens.
+
+Memory. sglang sizes weights + KV cache to `mem_fraction_static` of each GPU; the rest
+holds its CUDA graphs, activations and sampler, plus this process's own CUDA use (a
+context, NCCL buffers and the received buckets on the collective path). The default
+here is MEM_FRACTION_STATIC (0.7). After each swap the engine hands this process's
+cached CUDA blocks back (`free_cuda_cache`). For a trainer sharing the GPU,
+`release_memory`/`resume_memory` free and retake sglang's weights, KV cache and CUDA
+graphs (sglang's memory saver: `enable_memory_saver=True`).
+
+Bad requests. sglang refuses a prompt past its context but does not check token ids
+against the vocabulary (0.5.23's TokenizerManager checks only `token_ids_logprob`): an
+out-of-vocabulary id reaches the scheduler's embedding lookup and fails the batch it
+is in (on CUDA a device-side assert, which the scheduler process does not survive).
+`generate` first checks each request against the model sglang serves
+(`RequestLimits`, limits.py: `model_config.vocab_size`, and `context_len` less the
+tokens sglang reserves; a budget past the context is cut to it) and refuses a bad one
+to its caller alone.
+
+Aborts. TokenizerManager.abort_request(rid) sends an abort once per request and drops
+one for a request it has not registered yet, and the scheduler drops an abort for a
+request that has not reached it; either way that request would run to its end. So
+the drain re-sends `abort_all` every ABORT_RETRY_S (with our gate closed every
+request inside sglang is one we are draining).
+
+`tests/contract/` checks these calls against the real sglang wheel (`make test-contract`).
+
+Read against sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
+python/sglang/srt/entrypoints/engine.py (Engine.__init__/async_generate/shutdown and
+the sync wrappers), managers/tokenizer_manager.py (generate_request, abort_request,
+pause_generation, _handle_batch_output/_handle_abort_req for the output dict),
+managers/io_struct.py, server_args.py; plus tokenizer_control_mixin.py @ 00a2ca2e,
+sampling/sampling_params.py @ 00c17caf and layers/sampler.py (@ 584f55d1 and a
+recent copy) for the sampling and logprob semantics; and in the 0.5.23 wheel,
+managers/scheduler_components/{weight_updater,flush_wrapper}.py, scheduler.py
+(flush_cache, is_fully_idle) and tokenizer_control_mixin.py for the flush, the sessions
+and the memory release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterable, Iterable, Mapping
+
+import torch
+
+from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
+from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
+from areal_ray.rollout.engines.limits import RequestLimits
+
+try:
+    import sglang as sgl
+    from sglang.srt.managers import io_struct
+    from sglang.srt.utils import MultiprocessingSerializer
+except ImportError:  # CPU machines: the module still imports, the engine cannot be built
+    sgl = io_struct = MultiprocessingSerializer = None
+
+logger = logging.getLogger(__name__)
+
+# sglang's finish_reason["type"] -> our STOP_REASONS ("stop" covers EOS, stop ids, stop strings).
+FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
+
+# How often `abort_all` is re-sent while draining (see "Aborts" above).
+ABORT_RETRY_S = 0.5
+
+# How long the cache flush after a weight update waits for sglang's scheduler to be
+# idle, and how often it asks (see "Cache flush" above).
+FLUSH_TIMEOUT_S = 30.0
+FLUSH_RETRY_S = 0.05
+
+# The share of each GPU sglang's weights and KV cache get (see "Memory" above).
+MEM_FRACTION_STATIC = 0.7
+
+_ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
+
+
+# ----------------------------------------------------------------- pure shaping
+def sampling_params(req: GenerationRequest) -> dict:
+    """sglang sampling params for `req`: the full distribution at the request's temperature."""
+    params = {"max_new_tokens": max(0, req.max_new_tokens), "ignore_eos": req.ignore_eos,
+              "top_p": 1.0, "min_p": 0.0}
+    if req.stop_ids:
+        params["stop_token_ids"] = list(req.stop_ids)
+    if req.temperature <= 0:
+        params.update(temperature=0.0, top_k=1)
+    else:
+        params.update(temperature=float(req.temperature), top_k=-1)
+    if req.seed is not None:  # used under enable_deterministic_inference (see "Seeds")
+        params["sampling_seed"] = int(req.seed)
+    return params
+
+
+def parse_output(out: dict, version: int, budget: int, rid: str = "") -> GenerationResult:
+    """A GenerationResult from one non-streaming `async_generate` output dict.
+
+    Shape (skip_tokenizer_init, return_logprob=True): {"output_ids": [...], "meta_info":
+    {"finish_reason": {"type": ..., ...}, "output_token_logprobs": [(logprob, token_id,
+    None), ...], ...}}. A request aborted while still queued comes back with no tokens.
+    """
+    meta = out["meta_info"]
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind not in FINISH_TYPES:
+        raise ValueError(f"sglang request {rid!r} ended with an unknown finish reason {finish!r}")
+    ids = [int(t) for t in out.get("output_ids") or []]
+    entries = meta.get("output_token_logprobs") or []
+    # A misaligned logprob would silently corrupt the importance weights: fail loudly.
+    if len(entries) != len(ids) or any(int(e[1]) != t for e, t in zip(entries, ids)):
+        raise ValueError(f"sglang request {rid!r}: {len(entries)} logprobs do not match "
+                         f"{len(ids)} output tokens")
+    if len(ids) > budget:
+        raise ValueError(f"sglang request {rid!r} returned {len(ids)} tokens for a budget of {budget}")
+    # A result that used its whole budget is "length" whatever ended it (as in HFEngine).
+    reason = "length" if len(ids) >= budget else FINISH_TYPES[kind]
+    return GenerationResult(ids, [float(e[0]) for e in entries], [version] * len(ids), reason,
+                            rid, meta={"finish_reason": finish})
+
+
+def named_tensors(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                  dtype: torch.dtype | None = None, cpu: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs for `update_weights_from_tensor`, from a state dict or from
+    (name, tensor) pairs, in the serving dtype if given (halving what is shared for fp32
+    trainers). CPU tensors are always copied: views of a file mapping (the shm path) or
+    of read-only object-store memory cannot be moved into shared memory by the
+    serializer. CUDA tensors go by CUDA IPC, copied only to cast, unless `cpu` asks for
+    CPU copies (TP > 1, see "Weight updates")."""
+    pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
+    out = []
+    for name, t in pairs:
+        t = t.detach()
+        if cpu or t.device.type == "cpu":
+            t = t.to(device="cpu", dtype=dtype or t.dtype, copy=True)
+        elif dtype is not None:
+            t = t.to(dtype)
+        out.append((name, t))
+    return out
+
+
+def tensor_update_request(tensors, version: int, tp_size: int,
+                          dtype: torch.dtype | None = None):
+    """The UpdateWeightsFromTensorReqInput that Engine.update_weights_from_tensor builds:
+    one serialized payload per TP rank (each rank deserializes its own copy). The cache
+    is flushed by the engine once the scheduler is idle (see "Cache flush")."""
+    named = named_tensors(tensors, dtype, cpu=tp_size > 1)
+    payloads = [MultiprocessingSerializer.serialize(named) for _ in range(tp_size)]
+    return io_struct.UpdateWeightsFromTensorReqInput(
+        serialized_named_tensors=payloads, load_format=None, flush_cache=False,
+        weight_version=str(version))
+
+
+def disk_update_request(path: str, version: int):
+    return io_struct.UpdateWeightFromDiskReqInput(model_path=path, load_format=None,
+                                                  weight_version=str(version), flush_cache=False)
+
+
+def free_cuda_cache() -> None:
+    """Hand this process's cached CUDA blocks back to the driver. The replica process
+    uses CUDA only for received weights (the collective path, casts before CUDA IPC);
+    torch's caching allocator would keep those blocks reserved after the swap, out of
+    reach of sglang's scheduler on the same GPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def original_logprob_env() -> str | None:
+    """The name of a set env var that makes sglang return pre-temperature logprobs, if any."""
+    for name in _ORIGINAL_LOGPROB_ENV:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return name
+    return None
+
+
+def engine_limits(engine) -> RequestLimits:
+    """What `engine` (an sgl.Engine) takes: the vocabulary of its model config, and its
+    context less the tokens its TokenizerManager reserves (it refuses a prompt plus
+    budget past `context_len` counting those)."""
+    tm = engine.tokenizer_manager
+    return RequestLimits(tm.model_config.vocab_size,
+                         tm.context_len - getattr(tm, "num_reserved_tokens", 0))
+
+
+def _check(result, what: str) -> None:
+    # TokenizerManager weight calls answer (success, message[, ...]).
+    if not result[0]:
+        raise RuntimeError(f"sglang {what} failed: {result[1]}")
+
+
+# ----------------------------------------------------------------- the engine
+class SGLangEngine(GatedEngine):
+    streams_buckets = True  # a broadcast goes into sglang bucket by bucket
+
+    def __init__(self, model_path: str, version: int = 0,
+                 mem_fraction_static: float | None = MEM_FRACTION_STATIC, dtype: str = "bfloat16",
+                 enable_memory_saver: bool = False, **engine_kwargs):
+        """`enable_memory_saver` turns on sglang's memory saver, which `release_memory`
+        needs (it costs little: sglang then allocates weights and KV cache through it)."""
+        if sgl is None:
+            raise ImportError("SGLangEngine needs sglang, which runs on GPU machines only: "
+                              "pip install -r requirements-gpu.txt (instead of requirements.txt)")
+        env = original_logprob_env()
+        if env:
+            raise ValueError(f"{env} makes sglang return logprobs before temperature; the "
+                             "trainer needs those of the distribution sampled from. Unset it.")
+        if enable_memory_saver:
+            engine_kwargs["enable_memory_saver"] = True
+        self.engine = sgl.Engine(model_path=model_path, dtype=dtype,
+                                 mem_fraction_static=mem_fraction_static,
+                                 skip_tokenizer_init=True, **engine_kwargs)
+        self.limits = engine_limits(self.engine)
+        self.torch_dtype = getattr(torch, dtype, None) if dtype != "auto" else None
+        self.deterministic = bool(engine_kwargs.get("enable_deterministic_inference"))
+        self._warned_seed = False
+        self.gate = AdmissionGate(version, ABORT_RETRY_S)
+        self._stats = {"tokens": 0, "aborted_requests": 0}
+        self._lock = asyncio.Lock()  # one weight load or memory release/resume at a time
+        self._session_open = False  # a weight-update session may be open in sglang
+        self._released = False  # sglang's GPU memory is released (release_memory)
+        self._reopen_after_load = False  # resumed without the weights: the next load reopens
+
+    @classmethod
+    def from_options(cls, model_path: str, opts: EngineOptions) -> SGLangEngine:
+        kwargs = dict(opts.engine_kwargs)
+        if opts.release_memory:  # the memory saver is chosen when the engine is built
+            kwargs.setdefault("enable_memory_saver", True)
+        return cls(model_path, dtype=opts.dtype, **kwargs)
+
+    @property
+    def _tm(self):
+        return self.engine.tokenizer_manager
+
+    @property
+    def _tp_size(self) -> int:
+        return self.engine.server_args.tp_size
+
+    # ----------------------------------------------------------------- generation
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        req = self.limits.admit(req)
+        budget = req.max_new_tokens
+        if budget == 0:
+            return GenerationResult([], [], [], "length", req.rid)
+        if req.seed is not None and not self.deterministic and not self._warned_seed:
+            self._warned_seed = True
+            logger.warning("sglang ignores request seeds unless rollout.engine_kwargs."
+                           "enable_deterministic_inference=true: sampling is not reproducible")
+        # sglang aborts by rid prefix; the gate's ids start with a fresh uuid.
+        async with self.gate.admitted(budget, req.rid) as (rid, version):
+            try:
+                out = await self.engine.async_generate(
+                    input_ids=list(req.input_ids), sampling_params=sampling_params(req),
+                    return_logprob=True, logprob_start_len=-1, rid=rid)
+            except asyncio.CancelledError:
+                self._tm.abort_request(rid=rid)  # the caller is gone: free the GPU work
+                raise
+        res = parse_output(out, version, budget, req.rid)
+        self._stats["tokens"] += len(res.output_ids)
+        self._stats["aborted_requests"] += res.stop_reason == "abort"
+        return res
+
+    async def _abort(self, rids: list[str]) -> None:
+        # The gate is closed: everything inside sglang is ours and being drained.
+        self._tm.abort_request(abort_all=True)
+
+    # ----------------------------------------------------------------- weights
+    async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
+        """Load tensors in memory (CPU or CUDA) through sglang's serializer. The copy and
+        serialization happen before the pause, off the event loop, while generation goes on."""
+        obj = await asyncio.to_thread(tensor_update_request, state_dict, version,
+                                      self._tp_size, self.torch_dtype)
+        return await self._update(version, mode, lambda: self._in_session(
+            lambda: self._load_tensors(obj)))
+
+    async def update_weights_from_buckets(
+            self, buckets: AsyncIterable[Iterable[tuple[str, torch.Tensor]]], version: int,
+            mode: str = "abort") -> dict:
+        """Load (name, tensor) buckets as they arrive, one `update_weights_from_tensor`
+        each, all in one session: a replica receiving a broadcast (`CollectiveReceiver.
+        stream`) then holds a bucket or two instead of the whole model. The buckets are
+        taken after the pause, so a receiver that needs the sender (a broadcast) makes
+        the pause last the transfer; each bucket is dropped once sglang has loaded it."""
+        async def load():
+            async for bucket in buckets:
+                obj = await asyncio.to_thread(tensor_update_request, bucket, version,
+                                              self._tp_size, self.torch_dtype)
+                await self._load_tensors(obj)
+                del bucket, obj
+
+        try:
+            return await self._update(version, mode, lambda: self._in_session(load))
+        finally:  # a load that failed half way leaves a receiver's broadcast to close
+            if hasattr(buckets, "aclose"):
+                await buckets.aclose()
+
+    async def update_weights_from_disk(self, path: str, version: int, mode: str = "abort") -> dict:
+        """Load a HF checkpoint directory written by the trainer (no session needed)."""
+        async def load():
+            _check(await self._tm.update_weights_from_disk(disk_update_request(path, version), None),
+                   "update_weights_from_disk")
+            await self._flush_cache()
+        return await self._update(version, mode, load)
+
+    async def _load_tensors(self, obj) -> None:
+        _check(await self._tm.update_weights_from_tensor(obj, None), "update_weights_from_tensor")
+
+    async def _update(self, version: int, mode: str, load) -> dict:
+        """The gate's swap around `load()`, refused while sglang's memory is released
+        (the weights' memory is not there to write to); the replica's cached CUDA blocks
+        are handed back afterwards."""
+        async with self._lock:
+            if self._released:
+                raise RuntimeError("sglang's GPU memory is released: call resume_memory() "
+                                   "before loading weights")
+            try:
+                info = await self._swap(version, mode, load)
+            finally:
+                free_cuda_cache()
+            if self._reopen_after_load:  # resumed without its weights: now they are loaded
+                self._reopen_after_load = False
+                await self.resume()
+            return info
+
+    async def _in_session(self, load) -> None:
+        """`load()` and the cache flush between begin_weight_update and end_weight_update.
+        The session is ended even when the load fails or is cancelled, so the next push
+        can open one; the load's error is the one raised."""
+        await self._begin_session()
+        try:
+            await load()
+            await self._flush_cache()
+        except BaseException as e:
+            await self._end_session_after(e)
+            raise
+        await self._end_session()
+
+    async def _begin_session(self) -> None:
+        """Open a weight-update session, first ending one a cancelled push may have left
+        open (sglang refuses a nested begin). The flag is set before the call: a begin
+        is sent as soon as its coroutine starts, so one cancelled while awaiting the
+        answer still opens the session in the scheduler."""
+        if self._session_open:
+            # Not checked: if that begin failed there is no session to end, and sglang says so.
+            await self._tm.end_weight_update(io_struct.EndWeightUpdateReqInput(), None)
+            self._session_open = False
+        self._session_open = True
+        _check(await self._tm.begin_weight_update(io_struct.BeginWeightUpdateReqInput(), None),
+               "begin_weight_update")
+
+    async def _end_session(self) -> None:
+        _check(await self._tm.end_weight_update(io_struct.EndWeightUpdateReqInput(), None),
+               "end_weight_update")
+        self._session_open = False
+
+    async def _end_session_after(self, error: BaseException) -> None:
+        """End the session after a failed load; an end that fails too is attached to the
+        load's error (the cause worth reporting), not raised in its place."""
+        try:
+            await self._end_session()
+        except Exception as end_error:  # noqa: BLE001 - reported with the load's error
+            error.add_note(f"then ending the weight-update session failed too: "
+                           f"{type(end_error).__name__}: {end_error}")
+
+    async def _flush_cache(self) -> None:
+        """Flush sglang's cache once its scheduler is fully idle (see "Cache flush").
+        Our gate is closed, so every request inside sglang is one being drained: each
+        retry re-sends abort_all, which also ends a request whose caller went away and
+        whose own abort overtook it."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while True:
+            out = await self._tm.flush_cache()
+            if out.success:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"sglang's scheduler was still busy after FLUSH_TIMEOUT_S={FLUSH_TIMEOUT_S}s "
+                    f"with our gate closed, so its cache could not be flushed: "
+                    f"{out.message or 'no reason given'}")
+            self._tm.abort_request(abort_all=True)
+            await asyncio.sleep(FLUSH_RETRY_S)
+
+    # ----------------------------------------------------------------- memory
+    async def release_memory(self) -> None:
+        """Free the GPU memory sglang holds (weights, KV cache, CUDA graphs) for a
+        trainer on the same GPU; `resume_memory` takes it back.
+
+        Pauses first ("abort": running requests return their partial output) and leaves
+        the gate closed: a request reaching sglang while its memory is released would
+        run on freed memory, and sglang releases only when its scheduler is fully idle
+        (it asserts that), hence the flush (which waits for idle) just before."""
+        if not getattr(self.engine.server_args, "enable_memory_saver", False):
+            raise RuntimeError("release_memory needs sglang's memory saver: build the engine "
+                               "with enable_memory_saver=True "
+                               "(rollout.engine_kwargs.enable_memory_saver=true)")
+        async with self._lock:
+            if self._released:
+                return
+            await self.pause("abort")
+            await self._flush_cache()
+            await self._tm.release_memory_occupation(
+                io_struct.ReleaseMemoryOccupationReqInput(tags=None), None)
+            self._released = True
+
+    async def resume_memory(self) -> None:
+        """Take sglang's GPU memory back and reopen the gate. Without sglang's CPU backup
+        of the weights (server arg enable_weights_cpu_backup) their memory comes back
+        with undefined contents: the gate then stays closed until the next weight load,
+        which reopens it."""
+        async with self._lock:
+            if self._released:
+                await self._tm.resume_memory_occupation(
+                    io_struct.ResumeMemoryOccupationReqInput(tags=None), None)
+                self._released = False
+                self._reopen_after_load = not getattr(
+                    self.engine.server_args, "enable_weights_cpu_backup", False)
+            if not self._reopen_after_load:
+                await self.resume()
+
+    # ----------------------------------------------------------------- state
+    def load(self) -> dict:
+        return {**self.gate.load(), "busy_s": self.gate.busy_s(), **self._stats}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

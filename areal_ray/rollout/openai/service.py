@@ -1,0 +1,185 @@
+"""What the OpenAI-compatible endpoint does per request, without Serve or FastAPI:
+check the request (openai_protocol.py), work out the prompt ids from the session's
+recorded calls (sessions.py: token ids are reused, never re-encoded), generate through
+the engine client with interruptible resubmission, record the call, answer in the
+OpenAI format.
+
+Generation goes through `generate_rounds` (interruptible.py): a weight push that
+aborts the request is resubmitted with prompt + partial output, so the agent never
+sees an abort; each token keeps the version of the policy that sampled it, and the
+recorded call holds them all. The `EngineClient` retries a call that lost its replica.
+
+Bad requests are 400s, never 500s and never a rollout replica's problem: a token-id
+prompt is checked against the model's vocabulary, and every prompt against its
+context, here with the same `RequestLimits` the replicas use (limits.py), before
+anything is generated; `max_tokens` is cut to the run's `rollout.max_new_tokens` and
+to the room the context leaves (a call asking for more ends "length" there, as its
+`finish_reason` says, so agent code written with a large `max_tokens` runs unchanged).
+A request the replica refuses all the same (its engine's context may be shorter than
+the model config's) is a 400 with its message.
+
+The session store's bounds (sessions.py) answer here: a new session when the store is
+full of live ones is a 429, a call past the session's byte budget a 400; either way
+no other session is touched. Session ids are checked to be short URL-safe names.
+
+Chat requests with `tools` go through tool_calls.py (rendering, the run's vLLM tool
+parser, assistant tool calls replayed as the recorded text); `stream: true` answers
+are cut into chunks from the finished answer (sse.py).
+
+The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
+them with an in-process engine.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import TYPE_CHECKING
+
+from areal_ray.rollout.interruptible import PartialSample, generate_rounds
+from areal_ray.rollout.engines.limits import RequestLimits, RequestRejected
+from areal_ray.rollout.openai.protocol import (APIError, Defaults, bad, completion_response,
+                                               chat_response, models_response, parse_chat,
+                                               parse_completion, parse_defaults, render_chat)
+from areal_ray.rollout.openai.auth import EndpointError
+from areal_ray.rollout.openai.sessions import SessionsFull, SessionStore, SessionTooLarge
+from areal_ray.rollout.openai.sse import EventStream, chat_chunks, completion_chunks
+from areal_ray.rollout.openai.stop_strings import run_to_stop_strings
+from areal_ray.rollout.openai.tool_calls import output_digest, replay_messages
+
+if TYPE_CHECKING:
+    from areal_ray.rollout.engine_client import EngineClient
+    from areal_ray.rollout.openai.tool_calls import ToolCallParser
+
+MAX_SID_CHARS = 200
+# Letters, digits and `-_.:` (a uuid, a name with a counter): nothing that needs
+# escaping in a URL or a log line.
+SID = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_SID_CHARS)
+
+
+class OpenAIService:
+    def __init__(self, tokenizer, client: EngineClient, defaults: Defaults, store: SessionStore,
+                 model_name: str, limits: RequestLimits | None = None,
+                 max_tokens_cap: int | None = None, tool_parser: ToolCallParser | None = None):
+        """`limits`: the model's vocabulary and context (None: left to the replicas);
+        `max_tokens_cap`: the most tokens one call generates (rollout.max_new_tokens);
+        `tool_parser`: parses `tool_calls` from outputs (None: tool calling off)."""
+        self.tokenizer, self.client, self.defaults = tokenizer, client, defaults
+        self.store, self.model_name = store, model_name
+        self.limits = limits or RequestLimits(None, None)
+        self.max_tokens_cap = max_tokens_cap
+        self.tool_parser = tool_parser
+        self.created = int(time.time())
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _session(self, sid: str):
+        if not SID.fullmatch(sid):
+            raise APIError(400, f"session id must be 1 to {MAX_SID_CHARS} letters, digits or "
+                                "'-_.:'")
+        try:
+            return self.store.open(sid, self.encode, self.decode)
+        except SessionsFull as e:
+            raise EndpointError(429, str(e)) from e
+
+    async def _generate(self, sid: str, req, text: str | None, token_prompt: list[int] | None):
+        session = self._session(sid)
+        try:
+            if token_prompt is not None:
+                prompt_ids, extends = session.prompt_ids_of_tokens(
+                    self.limits.token_ids(token_prompt, "prompt token"))
+                text = self.decode(prompt_ids, False)  # only ids in the vocabulary decode
+            else:
+                prompt_ids, extends = session.prompt_ids(text)
+            self.store.check_room(session, text, len(prompt_ids))  # before any is generated
+            budget = min(req.max_tokens, self.max_tokens_cap or req.max_tokens)
+            part = PartialSample(prompt_ids, self.limits.fit(len(prompt_ids), budget))
+            await run_to_stop_strings(
+                lambda: generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids),
+                part, req.stop_strings, set(req.pause_ids), self.decode)
+        except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
+            raise bad(str(getattr(e, "cause", e)), "prompt") from e
+        except SessionTooLarge as e:
+            raise bad(str(e), "messages") from e
+        sample = part.sample()
+        # The session may have been dropped (TTL) while generating: record where it is
+        # now (a store that filled up meanwhile keeps only the answer).
+        try:
+            session = self.store.open(sid, self.encode, self.decode)
+        except SessionsFull:
+            pass
+        session.record(text, prompt_ids, extends, sample)
+        token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
+        return prompt_ids, sample, self.decode(sample.output_ids), token_texts, len(session.calls) - 1
+
+    def _defaults(self, sid: str) -> Defaults:
+        session = self.store.get(sid)
+        return session.defaults if session is not None and session.defaults else self.defaults
+
+    def open_session(self, sid: str, body: dict) -> dict:
+        """Open `sid` with its own sampling defaults (`max_tokens`, `temperature`): a
+        workflow sets them for agent code that leaves them out (an evaluation's
+        sessions decode greedily while training ones sample)."""
+        defaults = parse_defaults(body, self.defaults)
+        self._session(sid).defaults = defaults
+        return {"id": sid, "max_tokens": defaults.max_tokens, "temperature": defaults.temperature}
+
+    async def completions(self, sid: str, body: dict) -> dict:
+        req = parse_completion(body, self._defaults(sid), self.encode)
+        if isinstance(req.prompt, str):
+            got = await self._generate(sid, req, req.prompt, None)
+        else:
+            got = await self._generate(sid, req, None, req.prompt)
+        resp = completion_response(req, *got[:4])
+        return EventStream(completion_chunks(resp, self._pieces(got[1]), req.include_usage)) \
+            if req.stream else resp
+
+    def _pieces(self, sample) -> list[str]:
+        return [self.decode([t]) for t in sample.output_ids]
+
+    def _generated_text(self, sid: str):
+        """The text the client was shown for call `index` of `sid`, if its output ids
+        have `digest` (None: no such call)."""
+        session = self.store.get(sid)
+        calls = session.calls if session is not None else []
+
+        def text(index: int, digest: str) -> str | None:
+            if 0 <= index < len(calls) and output_digest(calls[index].output_ids) == digest:
+                return self.decode(calls[index].output_ids)
+            return None
+        return text
+
+    async def chat(self, sid: str, body: dict) -> dict | EventStream:
+        req = parse_chat(body, self._defaults(sid), self.encode)
+        parse = req.tools is not None and req.tool_choice == "auto"
+        if parse and self.tool_parser is None:
+            raise bad("tool calling is off on this endpoint (rollout.openai.tool_parser=none): "
+                      "send tool_choice='none' to only render the tools", "tool_choice")
+        parser_request = self.tool_parser.request(req.tools, req.tool_choice) if parse else None
+        messages = replay_messages(req.messages, self._generated_text(sid))
+        text = render_chat(self.tokenizer, messages, req.tools)
+        prompt_ids, sample, out_text, token_texts, index = await self._generate(sid, req, text, None)
+        parsed = self.tool_parser.parse(out_text, parser_request, index, sample.output_ids) if parse else None
+        resp = chat_response(req, prompt_ids, sample, out_text, token_texts, parsed=parsed)
+        return EventStream(chat_chunks(resp, self._pieces(sample), req.include_usage)) \
+            if req.stream else resp
+
+    def models(self) -> dict:
+        return models_response(self.model_name, self.created)
+
+    def session(self, sid: str) -> dict:
+        """The recorded session: its calls and the training Samples they make."""
+        session = self.store.get(sid)
+        if session is None:
+            raise APIError(404, f"no session {sid!r} (never used, deleted, or dropped after "
+                                f"{self.store.ttl_s:.0f} s idle)")
+        return session.to_dict()
+
+    def delete(self, sid: str) -> dict:
+        if self.store.pop(sid) is None:
+            raise APIError(404, f"no session {sid!r}")
+        return {"id": sid, "deleted": True}

@@ -1,0 +1,343 @@
+"""The OpenAI endpoint's request handling without Ray, on a real engine in this process:
+responses the `openai` package's types accept, a multi-turn chat recorded as one
+trajectory with exact prefix reuse, versions that change with a weight update between
+turns, stop strings, and 400s naming the problem. Over HTTP with the real client and
+Serve: tests/deployments/test_openai_api.py."""
+
+import asyncio
+import copy
+import json
+from types import MethodType, SimpleNamespace
+
+import pytest
+import torch
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from starlette.requests import Request
+
+from areal_ray.rollout.engines.base import GenerationRequest
+from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.engines.hf import HFEngine
+from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.rollout.openai.protocol import APIError, Defaults, stop_ids
+from areal_ray.rollout.openai.service import OpenAIService
+from areal_ray.rollout.openai.sessions import SessionStore
+from deployments.openai_api import OpenAIServer
+from tests.rollout.engines.test_limits import until_running
+from tests.rollout.workflows.test_base import InProcessApp, _Method
+
+
+@pytest.fixture(scope="module")
+def engine(random_model_dir):
+    return HFEngine(random_model_dir)
+
+
+def service(engine, tokenizer=None, limits=None, max_tokens_cap=None, app=None):
+    return OpenAIService(tokenizer or engine.tokenizer, EngineClient(app or InProcessApp(engine)),
+                         Defaults(max_tokens=8, temperature=1.0),
+                         SessionStore(max_sessions=16, ttl_s=600), model_name="tiny",
+                         limits=limits, max_tokens_cap=max_tokens_cap)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_completion_and_chat_parse_as_the_client_does(engine):
+    torch.manual_seed(0)
+    svc = service(engine)
+    c = run(svc.completions("s1", {"model": "m", "prompt": "12+3=", "max_tokens": 5,
+                                   "logprobs": 1, "return_token_ids": True}))
+    comp = Completion.model_validate(c)
+    choice = comp.choices[0]
+    assert comp.object == "text_completion" and comp.model == "m"
+    assert choice.finish_reason in ("stop", "length") and comp.usage.completion_tokens <= 5
+    assert len(choice.logprobs.token_logprobs) == comp.usage.completion_tokens
+    rec = svc.session("s1")["calls"][0]
+    assert rec["output_ids"] == c["choices"][0]["token_ids"]
+    assert rec["prompt_ids"] == engine.tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+    assert choice.text == engine.tokenizer.decode(rec["output_ids"], skip_special_tokens=True)
+
+    ch = ChatCompletion.model_validate(run(svc.chat("s2", {
+        "model": "m", "messages": [{"role": "user", "content": "7+8="}],
+        "max_completion_tokens": 4, "logprobs": True, "temperature": 0.5})))
+    assert ch.object == "chat.completion" and ch.choices[0].message.role == "assistant"
+    assert len(ch.choices[0].logprobs.content) == ch.usage.completion_tokens <= 4
+    assert svc.models()["data"][0]["id"] == "tiny"
+
+
+def test_a_three_turn_chat_is_one_trajectory_with_exact_prefix_reuse(engine, random_model_dir):
+    """Turn 2 runs on updated weights (version 1): the recorded versions show it."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(1)
+    svc = service(engine)
+    messages = [{"role": "user", "content": "12+3="}]
+    prompts = []
+    for turn in range(3):
+        if turn == 1:
+            model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+            run(engine.update_weights(model.state_dict(), 1, "abort"))
+        r = run(svc.chat("chat", {"model": "m", "messages": messages, "max_tokens": 6,
+                                  "return_token_ids": True}))
+        prompts.append(r["choices"][0]["prompt_token_ids"])
+        messages += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                     {"role": "tool", "content": f"={turn}"}]
+    calls = svc.session("chat")["calls"]
+    for prev, nxt in zip(calls, calls[1:]):  # each prompt extends the previous ids exactly
+        history = prev["prompt_ids"] + prev["output_ids"]
+        assert nxt["prompt_ids"][:len(history)] == history and nxt["extends"] is not None
+    (sample,) = svc.session("chat")["samples"]
+    tool = lambda t: engine.tokenizer(f"={t}", add_special_tokens=False)["input_ids"]  # noqa: E731
+    expected = calls[0]["output_ids"] + tool(0) + calls[1]["output_ids"] + tool(1) + calls[2]["output_ids"]
+    assert sample["prompt_ids"] == calls[0]["prompt_ids"] and sample["output_ids"] == expected
+    n = [len(c["output_ids"]) for c in calls]
+    assert sample["loss_mask"] == [1] * n[0] + [0] * 2 + [1] * n[1] + [0] * 2 + [1] * n[2]
+    assert sample["versions"] == [0] * n[0] + [-1] * 2 + [1] * n[1] + [-1] * 2 + [1] * n[2]
+    assert (sample["n_turns"], sample["tool_calls"]) == (3, 2)
+    run(engine.update_weights(AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict(), 0))
+
+
+def test_stop_strings_are_stop_ids_and_end_the_output(engine):
+    torch.manual_seed(2)
+    tok = engine.tokenizer
+    stops = ["1", "2", "+", "="]
+    ids = stop_ids(stops, lambda s: tok(s, add_special_tokens=False)["input_ids"])
+    assert len(ids) == 4
+    svc = service(engine)
+    for i in range(4):
+        r = run(svc.completions(f"stop{i}", {"model": "m", "prompt": "3", "max_tokens": 30,
+                                             "stop": stops, "return_token_ids": True}))
+        out = r["choices"][0]["token_ids"]
+        assert not set(out[:-1]) & set(ids)  # a stop id only ever ends the output
+        if out[-1] in ids:
+            assert r["choices"][0]["finish_reason"] == "stop"
+            assert r["choices"][0]["text"].endswith(tok.decode([out[-1]]))  # kept in the text
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"stop": ""}, "0 tokens"),
+    ({"n": 2}, "n must be 1"),
+    ({"stream": "yes"}, "stream must be a boolean"),
+    ({"stream": True, "stream_options": 1}, "stream_options must be"),
+    ({"top_p": 0.5}, "top_p"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "tool_choice='required' is not supported"),
+    ({"messages": [{"role": "assistant", "tool_calls": "f()"}]}, "tool_calls must be a list"),
+    ({"temperature": 3}, "temperature must be"),
+    ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
+    ({"bogus": 1}, "unrecognized request argument(s): bogus"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"model": None}, "model: a string is required"),
+])
+def test_bad_chat_requests_are_400s_naming_the_problem(engine, body, needle):
+    svc = service(engine)
+    req = {"model": "m", "messages": [{"role": "user", "content": "1+1="}], **body}
+    with pytest.raises(APIError) as e:
+        run(svc.chat("bad", req))
+    assert e.value.status == 400 and needle in e.value.message
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_400(engine):
+    tok = copy.deepcopy(engine.tokenizer)
+    tok.chat_template = None
+    with pytest.raises(APIError, match="has no chat template") as e:
+        run(service(engine, tok).chat("t", {"model": "m", "messages": [{"role": "user", "content": "1"}]}))
+    assert e.value.status == 400
+
+
+def test_budgets_are_cut_to_the_context_and_unknown_sessions_are_404s(engine):
+    svc = service(engine, limits=RequestLimits(None, 8))
+    r = run(svc.completions("ctx", {"model": "m", "prompt": "12+3=", "max_tokens": 50}))
+    assert r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] <= 8
+    with pytest.raises(APIError, match="context is 8"):
+        run(svc.completions("ctx2", {"model": "m", "prompt": "123456789"}))
+    for fn in (svc.session, svc.delete):
+        with pytest.raises(APIError) as e:
+            fn("nope")
+        assert e.value.status == 404
+    assert svc.delete("ctx") == {"id": "ctx", "deleted": True}
+    with pytest.raises(APIError, match="one prompt per request"):
+        run(svc.completions("b", {"model": "m", "prompt": ["a", "b"]}))
+
+
+
+# ----------------------------------------------------------------- bad requests
+def test_a_token_prompt_the_engine_cannot_run_is_a_400_and_concurrent_rollouts_complete(engine):
+    """An agent's token-id prompt with an id outside the vocabulary, while training
+    rollouts run on the same engine: the agent gets a 400 naming the id, the
+    rollouts get their whole budget (the service here has no limits of its own: the
+    engine's guard refuses it)."""
+    version = engine.get_version()
+    rollouts = [GenerationRequest([5 + i, 6, 7], 150, 1.0, ignore_eos=True) for i in range(3)]
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(engine.generate(r)) for r in rollouts]
+        await until_running(engine, len(rollouts))
+        with pytest.raises(APIError) as e:
+            await service(engine).completions("oov", {"model": "m", "prompt": [5, 10_000]})
+        return e.value, await asyncio.gather(*tasks)
+
+    err, results = run(scenario())
+    assert err.status == 400 and "prompt token 1 is id 10000, outside the model's vocabulary" in err.message
+    assert err.body()["error"]["param"] == "prompt"
+    assert all(len(r.output_ids) == 150 and r.versions == [version] * 150 for r in results)
+
+
+@pytest.mark.parametrize("prompt,needle", [
+    ([5, 10_000], "prompt token 1 is id 10000, outside the model's vocabulary [0, 87)"),
+    ([-2, 5], "prompt token 0 is id -2, outside"),
+    ([5] * 300, "the prompt is 300 tokens and the model's context is 256"),
+    ("7" * 300, "the prompt is 300 tokens and the model's context is 256"),
+])
+def test_a_prompt_outside_the_models_limits_is_a_400_before_anything_is_generated(
+        engine, random_model_dir, prompt, needle):
+    svc = service(engine, limits=RequestLimits.from_pretrained(random_model_dir))
+    prefills = engine.load()["prefills"]
+    with pytest.raises(APIError) as e:
+        run(svc.completions("bad", {"model": "m", "prompt": prompt}))
+    assert e.value.status == 400 and needle in e.value.message
+    assert engine.load()["prefills"] == prefills
+
+
+def test_max_tokens_is_cut_to_the_runs_max_new_tokens(engine):
+    budgets = []
+    app = InProcessApp(engine)
+
+    async def recording(ids, n, *args):
+        budgets.append(list(n))
+        return await app._generate_batch(ids, n, *args)
+
+    app.generate_batch = _Method(recording)
+    svc = service(engine, max_tokens_cap=3, app=app)
+    r = run(svc.completions("cap", {"model": "m", "prompt": "12+3=", "max_tokens": 50}))
+    run(svc.chat("cap2", {"model": "m", "messages": [{"role": "user", "content": "1"}],
+                          "max_completion_tokens": 2}))
+    assert budgets == [[3], [2]] and r["usage"]["completion_tokens"] <= 3
+
+
+def test_a_request_the_replica_refuses_is_a_400(random_model_dir):
+    """The replicas' engine may have a shorter context than the endpoint knows of
+    (here: none known to the endpoint, 8 tokens to the engine)."""
+    short = HFEngine(random_model_dir, max_model_len=8)
+    with pytest.raises(APIError) as e:
+        run(service(short).completions("long", {"model": "m", "prompt": "123456789"}))
+    assert e.value.status == 400 and "the prompt is 9 tokens and the model's context is 8" in e.value.message
+
+
+KEY = "service-key-0123456789"
+
+
+def http_request(body: dict, key: str | None = KEY) -> Request:
+    data = json.dumps(body).encode()
+
+    async def receive():
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    headers = [(b"content-type", b"application/json")]
+    if key is not None:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    return Request({"type": "http", "method": "POST", "path": "/", "query_string": b"",
+                    "headers": headers}, receive)
+
+
+def handler(engine, max_request_bytes=1 << 20):
+    """The deployment's methods on a service, without Serve."""
+    from areal_ray.rollout.openai.auth import RequestGuard
+    cls = OpenAIServer.func_or_class
+    server = SimpleNamespace(service=service(engine), guard=RequestGuard(KEY, max_request_bytes))
+    server._serve = MethodType(cls._serve, server)
+    return cls, server
+
+
+@pytest.mark.parametrize("prompt,status", [([5, 10_000], 400), ([-2], 400), ([5, 6], 200)])
+def test_the_endpoints_handler_answers_a_bad_token_prompt_with_a_400(engine, prompt, status):
+    cls, server = handler(engine)
+    res = run(cls.completions(server, "h", http_request({"model": "m", "prompt": prompt,
+                                                         "max_tokens": 2})))
+    body = json.loads(res.body)
+    assert res.status_code == status
+    assert ("outside the model's vocabulary" in body["error"]["message"]) if status == 400 \
+        else body["usage"]["completion_tokens"] <= 2
+
+
+@pytest.mark.parametrize("key,size,status", [(None, 10, 401), ("wrong-key-0123456789", 10, 401),
+                                              (KEY, 10, 200), (KEY, 4000, 413)])
+def test_the_handler_checks_the_key_then_the_size_before_the_body(engine, key, size, status):
+    cls, server = handler(engine, max_request_bytes=2000)
+    res = run(cls.completions(server, "auth", http_request(
+        {"model": "m", "prompt": "1" * size, "max_tokens": 1}, key)))
+    assert res.status_code == status
+    if status != 200:
+        assert json.loads(res.body)["error"]["message"]
+    assert (server.service.store.get("auth") is not None) == (status == 200)
+
+
+def test_a_full_store_is_a_429_and_session_ids_are_checked(engine):
+    svc = OpenAIService(engine.tokenizer, EngineClient(InProcessApp(engine)), Defaults(4, 1.0),
+                        SessionStore(max_sessions=1, ttl_s=600), model_name="tiny")
+    svc.open_session("one", {})
+    with pytest.raises(APIError) as e:
+        svc.open_session("two", {})
+    assert e.value.status == 429 and e.value.body()["error"]["type"] == "rate_limit_error"
+    assert svc.session("one")["id"] == "one"  # the live session was not evicted for it
+    for sid in ("", "a/b", "a b", "x" * 201, "é"):
+        with pytest.raises(APIError, match="session id") as e:
+            svc.open_session(sid, {})
+        assert e.value.status == 400
+
+
+def test_a_call_past_the_sessions_byte_budget_is_a_400_and_only_its_own(engine):
+    svc = OpenAIService(engine.tokenizer, EngineClient(InProcessApp(engine)), Defaults(2, 1.0),
+                        SessionStore(max_sessions=4, ttl_s=600, max_session_bytes=2000),
+                        model_name="tiny")
+    run(svc.completions("big", {"model": "m", "prompt": "1" * 100}))
+    with pytest.raises(APIError, match="max_session_bytes") as e:
+        run(svc.completions("big", {"model": "m", "prompt": "2" * 150}))
+    assert e.value.status == 400
+    assert len(svc.session("big")["calls"]) == 1  # what it had is kept
+    run(svc.completions("small", {"model": "m", "prompt": "2" * 150}))
+
+
+def test_a_refusal_coming_back_through_ray_is_a_400_with_the_replicas_message(engine):
+    """Serve raises a replica's exception as a RayTaskError that is also an instance of
+    the replica's exception class (`as_instanceof_cause`), whose text is a traceback:
+    the agent gets the replica's own message."""
+    from ray.exceptions import RayTaskError
+
+    from areal_ray.rollout.engines.limits import RequestRejected
+    cause = RequestRejected("the prompt is 9 tokens and the model's context is 8: no room is left")
+    raised = RayTaskError("RolloutServer.generate_batch", "Traceback ...", cause).as_instanceof_cause()
+    assert isinstance(raised, RequestRejected)
+
+    async def refuse(*args):
+        raise raised
+
+    app = InProcessApp(engine)
+    app.generate_batch = _Method(refuse)
+    with pytest.raises(APIError) as e:
+        run(service(engine, app=app).completions("ray", {"model": "m", "prompt": "12"}))
+    assert e.value.status == 400 and e.value.message == str(cause)
+
+
+@pytest.mark.parametrize("engine_kwargs,context", [({}, 256), ({"max_model_len": 64}, 64),
+                                                   ({"context_length": 32}, 32)])
+def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
+        random_model_dir, engine_kwargs, context):
+    from areal_ray.config import load_config
+    from deployments.openai_api import EndpointOptions
+    cfg = load_config(None, ["rollout.max_new_tokens=12", f"rollout.openai.api_key={KEY}",
+                             "rollout.openai.max_session_bytes=4096", "rollout.openai.max_sessions=5"])
+    cfg.rollout.engine_kwargs = engine_kwargs
+    with pytest.raises(ValueError, match="api_key is empty"):
+        EndpointOptions.from_config(load_config(None, []))
+    user_class = OpenAIServer.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
+    assert user_class.__name__ == "OpenAIServer"
+    server = SimpleNamespace()
+    user_class.__init__(server, None, random_model_dir, EndpointOptions.from_config(cfg))
+    svc = server.service
+    assert svc.limits == RequestLimits(87, context) and svc.max_tokens_cap == 12
+    assert svc.defaults.max_tokens == 12
+    assert (svc.store.max_session_bytes, svc.store.max_sessions) == (4096, 5)
+    assert server.guard.api_key == KEY and KEY not in repr(EndpointOptions.from_config(cfg))

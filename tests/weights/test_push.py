@@ -1,0 +1,108 @@
+"""Weight pushes from a trainer process to real rollout Serve replicas through the
+driver, on every path: bit-identical weights everywhere; a replica killed before a
+collective push neither hangs it nor stops the others; a replica that (re)joins
+serves the current weights."""
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+import ray
+import torch
+from ray import serve
+from ray._private import state
+from transformers import AutoModelForCausalLM
+
+from areal_ray.config import WeightsConfig, load_config
+from areal_ray.driver import Driver
+from areal_ray.weights.push import WeightPusher
+from areal_ray.weights.encoding import digest
+from deployments.rollout import build_app
+
+
+def replica_reports(handle, n: int, method: str = "weights_digest",
+                    timeout_s: float = 90.0) -> dict[str, dict]:
+    """{replica_id: answer of `method`} once n distinct live replicas have answered."""
+    seen, t0 = {}, time.time()
+    while len(seen) < n:
+        assert time.time() - t0 < timeout_s, f"only {len(seen)} of {n} replicas answered"
+        d = getattr(handle, method).remote().result(timeout_s=timeout_s)
+        seen[d["replica_id"]] = d
+    return seen
+
+
+def replica_digests(handle, n: int, timeout_s: float = 90.0) -> dict[str, tuple[int, str]]:
+    """{replica_id: (version, digest)} once n distinct live replicas have answered."""
+    return {k: (d["version"], d["digest"])
+            for k, d in replica_reports(handle, n, timeout_s=timeout_s).items()}
+
+
+def perturb(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g))
+
+
+@pytest.fixture
+def rollout(ray_cluster, embedded_model, request):
+    tag = uuid.uuid4().hex[:6]
+    replicas = request.param
+    driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=15.0)
+    ns = ray.get_runtime_context().namespace
+    serve.start(proxy_location="Disabled")
+    app = f"push-{tag}"
+    cfg = load_config(None, [f"rollout.min_replicas={replicas}", f"rollout.max_replicas={replicas}",
+                             "rollout.num_cpus=0.5", "weights.timeout_s=5.0"])
+    handle = serve.run(build_app(cfg, embedded_model, f"drv-{tag}", ns), name=app, route_prefix=None)
+    yield driver, handle, app
+    serve.delete(app)
+    ray.kill(driver)
+
+
+@pytest.mark.parametrize("rollout", [1], indirect=True)
+@pytest.mark.parametrize("path,expected", [
+    ("collective", "collective"), ("object_store", "object_store"), ("disk", "disk"),
+    ("shm", "shm"), ("auto", "shm"),  # auto: every replica is on this node -> shared memory
+])
+def test_every_path_delivers_bit_identical_weights(rollout, embedded_model, tmp_path, path,
+                                                   expected):
+    driver, handle, _ = rollout
+    model = AutoModelForCausalLM.from_pretrained(embedded_model)
+    pusher = WeightPusher(WeightsConfig(path=path, bucket_mb=1, timeout_s=10.0), driver, 0,
+                          str(tmp_path / "weights"))
+    for version in (1, 2):  # the second collective push reuses the group
+        perturb(model, version)
+        weights, stats = pusher.push(model, version)
+        assert stats["push_path"] == expected and stats["replicas"] == 1 and stats["push_dropped"] == 0
+        assert stats["push_bytes"] == sum(v.numel() * v.element_size() for v in weights.values())
+        assert {v for v in replica_digests(handle, 1).values()} == {(version, digest(model.state_dict()))}
+
+
+@pytest.mark.parametrize("rollout", [2], indirect=True)
+def test_a_dead_replica_is_dropped_and_a_restarted_one_catches_up(rollout, embedded_model, tmp_path):
+    driver, handle, app = rollout
+    model = AutoModelForCausalLM.from_pretrained(embedded_model)
+    pusher = WeightPusher(WeightsConfig(path="collective", bucket_mb=1, timeout_s=5.0), driver, 0,
+                          str(tmp_path))
+    perturb(model, 1)
+    _, stats = pusher.push(model, 1)
+    assert stats["push_path"] == "collective" and stats["replicas"] == 2
+    assert set(replica_digests(handle, 2).values()) == {(1, digest(model.state_dict()))}
+
+    victim = next(a for a in state.actors().values()
+                  if a["State"] == "ALIVE" and f"ServeReplica:{app}" in a["ActorClassName"])
+    os.kill(victim["Pid"], signal.SIGKILL)
+    perturb(model, 2)
+    t0 = time.time()
+    _, stats = pusher.push(model, 2)  # the dead member fails the group: no hang, fallback
+    assert stats["push_path"] == "object_store (fallback)"
+    assert time.time() - t0 < 60
+    # Serve restarts the replica; it registers and loads the current version first
+    assert set(replica_digests(handle, 2).values()) == {(2, digest(model.state_dict()))}
+    perturb(model, 3)
+    _, stats = pusher.push(model, 3)  # a new group of the live replicas
+    assert stats["push_path"] == "collective" and stats["replicas"] == 2
+    assert set(replica_digests(handle, 2).values()) == {(3, digest(model.state_dict()))}
