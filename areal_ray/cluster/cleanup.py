@@ -12,15 +12,22 @@ because the cleaners loop exactly where the state API is missing (no dashboard).
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from areal_ray.cluster.ownership import (PG_CLEANER_CLASS, Actor, Owned, cluster_of,
-                                         live_tags, stale_apps, stale_files, stale_pg_cleaners)
+from areal_ray.cluster.ownership import (
+    PG_CLEANER_CLASS,
+    Actor,
+    Owned,
+    cluster_of,
+    live_tags,
+    stale_apps,
+    stale_files,
+    stale_pg_cleaners,
+)
+from areal_ray.weights.staging import weight_dirs
 
 
 @dataclass
@@ -38,14 +45,6 @@ class SweepReport:
         out += [f"{verb} Ray Train placement-group cleaner actor {a}" for a in self.pg_cleaners]
         out += [f"not checked: {n}" for n in self.notes]
         return out
-
-
-def weight_dirs() -> list[Path]:
-    """Where weight files are written (`areal_ray.weights.encoding.staging_dir`): /dev/shm, and
-    the temp dir when shared memory is full. Not imported from there: that module
-    imports torch, and the sweep runs on every node."""
-    dirs = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []
-    return dirs + [Path(tempfile.gettempdir())]
 
 
 def this_cluster() -> int:
@@ -113,7 +112,9 @@ def sweep(dry_run: bool = False, own_tag: str = "") -> SweepReport:
     ).remote(dry_run, own_tag) for n in nodes], timeout=120)
     report.files = [f"{n['NodeManagerAddress']}:{p}" for n, paths in zip(nodes, found) for p in paths]
 
-    from ray._private import state  # GCS tables: answer without the dashboard (docstring)
+    from ray._private import (
+        state,  # GCS tables: answer without the dashboard (docstring)
+    )
     actors = [Actor(a["ActorID"], a["ActorClassName"], a["JobID"], a["State"])
               for a in state.actors(actor_state_name="ALIVE").values()
               if a["ActorClassName"] == PG_CLEANER_CLASS]

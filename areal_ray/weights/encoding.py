@@ -17,12 +17,7 @@ receives through one receiver per path (`areal_ray/weights/receivers.py`):
   its load is the only copy on its side. This is the path that comes near memory
   bandwidth on one machine (`benchmarks/bench_weights.py`); it cannot reach other nodes.
 
-Shared memory is small in containers (Docker gives /dev/shm 64 MB unless run with
-`--shm-size`), and a file there that outgrows it fails with ENOSPC, or with SIGBUS when
-a mapped page is first written. So every weight file written to shared memory (the shm
-path's, and the file a vLLM replica loads from) first asks `staging_dir` where it fits:
-/dev/shm while it has room for the file plus a margin, else the temp dir on disk, which
-it says once per process in a warning naming the sizes and `--shm-size`.
+Every weight file asks `staging.py` where it fits (shared memory, else disk).
 
 This module holds what both ends share: the manifest, the object-store and
 shared-memory encodings, and the digest that tells whether two ends hold the same
@@ -31,9 +26,6 @@ weights.
 
 from __future__ import annotations
 
-import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,12 +36,8 @@ from areal_ray.cluster.ownership import Owned
 from areal_ray.weights.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 from areal_ray.weights.group import NCCL_ENV, WeightGroup, free_port  # noqa: F401 - re-exported
 from areal_ray.weights.payloads import ObjectStorePayload, ShmPayload
+from areal_ray.weights.staging import staging_dir
 
-logger = logging.getLogger(__name__)
-
-# Room left free in /dev/shm besides a file: every replica and the trainer of a node
-# write there, each checking the space on its own, so none may take the last bytes.
-SHM_MARGIN = 64 << 20
 
 
 def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:
@@ -60,54 +48,6 @@ def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> l
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
-
-
-def shm_dir() -> Path:
-    """Where weight files shared between processes of one node go: memory-backed
-    /dev/shm where it exists, else the temp dir."""
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else disk_dir()
-
-
-def disk_dir() -> Path:
-    """The temp dir (TMPDIR): where weight files go when shared memory is too small."""
-    return Path(tempfile.gettempdir())
-
-
-def free_bytes(path: Path) -> int:
-    """Free bytes of the filesystem holding `path`."""
-    return shutil.disk_usage(path).free
-
-
-_fell_back: set[Path] = set()  # shared-memory dirs this process already warned about
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
-
-
-def staging_dir(nbytes: int) -> Path:
-    """Where a weight file of `nbytes` goes: `shm_dir()` while it has room for the file
-    plus `SHM_MARGIN`, else `disk_dir()` (slower, but a full tmpfs fails with ENOSPC or
-    kills the writer with SIGBUS). Raises OSError before anything is written when
-    neither has room."""
-    need = nbytes + SHM_MARGIN
-    shm = shm_dir()
-    free = free_bytes(shm)
-    if free >= need:
-        return shm
-    disk = disk_dir()
-    if disk == shm or free_bytes(disk) < need:
-        raise OSError(28, f"no room for a {_gib(nbytes)} weight file: {shm} has {_gib(free)} "
-                          f"free and {disk} has {_gib(free_bytes(disk))}")
-    if shm not in _fell_back:
-        _fell_back.add(shm)
-        logger.warning(
-            "%s has %s free, a weight file needs %s (plus %s margin): weight files go to %s "
-            "on disk instead, which is slower. Give the container more shared memory "
-            "(Docker: `--shm-size=16g`; Kubernetes: a memory-backed emptyDir at /dev/shm), "
-            "or set TMPDIR to choose the disk dir.",
-            shm, _gib(free), _gib(nbytes), _gib(SHM_MARGIN), disk)
-    return disk
 
 
 def memcpy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:

@@ -15,8 +15,9 @@ import torch
 
 from areal_ray.weights import encoding as weights
 from areal_ray.weights import group as weight_group
+from areal_ray.weights import staging
+from areal_ray.weights.staging import SHM_MARGIN, staging_dir
 from areal_ray.weights.encoding import (
-    SHM_MARGIN,
     TensorSpec,
     NCCL_ENV,
     SharedMemoryWeights,
@@ -27,7 +28,6 @@ from areal_ray.weights.encoding import (
     memcpy_bandwidth,
     plan_buckets,
     read_shared,
-    staging_dir,
 )
 
 
@@ -150,10 +150,10 @@ def small_shm(tmp_path, monkeypatch):
     shm.mkdir()
     disk.mkdir()
     free = {shm: 1 << 20, disk: 1 << 40}
-    monkeypatch.setattr(weights, "shm_dir", lambda: shm)
-    monkeypatch.setattr(weights, "disk_dir", lambda: disk)
-    monkeypatch.setattr(weights, "free_bytes", lambda p: free[Path(p)])
-    monkeypatch.setattr(weights, "_fell_back", set())
+    monkeypatch.setattr(staging, "shm_dir", lambda: shm)
+    monkeypatch.setattr(staging, "disk_dir", lambda: disk)
+    monkeypatch.setattr(staging, "free_bytes", lambda p: free[Path(p)])
+    monkeypatch.setattr(staging, "_fell_back", set())
     return shm, disk, free
 
 

@@ -20,7 +20,7 @@ top_k/top_p/min_p stay off so that distribution is the full softmax a teacher-fo
 pass recomputes. Greedy (temperature 0) logprobs are those of the raw logits.
 
 Weights: the state dict goes into one safetensors file (in /dev/shm while it has
-room, else the temp dir on disk: `weights.staging_dir`), written off the event loop
+room, else the temp dir on disk: `weights/staging.py`), written off the event loop
 (the device-to-host copy included, so requests keep being served meanwhile), and the
 engine-core worker loads it in place (`vllm_worker.WeightSync`, called through
 `collective_rpc`). Prefix caching stays on, because the samples of a group share
@@ -66,7 +66,7 @@ from pathlib import Path
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
-from areal_ray.weights.encoding import staging_dir
+from areal_ray.weights.staging import staging_dir
 
 try:
     from vllm import SamplingParams
