@@ -24,8 +24,9 @@ reference model, the non-finite guard and the optimizer step stay `train_step`'s
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 
-from areal_ray.rollout.engines.base import (EngineOptions, GenerationRequest,
-                                            GenerationResult, InferenceEngine,
-                                            check_pause_mode)
+from areal_ray.rollout.engines.base import (
+    EngineOptions,
+    GenerationRequest,
+    GenerationResult,
+    InferenceEngine,
+    check_pause_mode,
+)
 from areal_ray.rollout.engines.limits import RequestLimits
 
 
