@@ -125,7 +125,7 @@ def _num(v) -> float:
 
 
 def table(report: dict) -> str:
-    """The README's markdown table: one row per arm."""
+    """docs/benchmarks.md's markdown table: one row per arm."""
     head = ("| eta | objective | trained samples/s (steady) | vs eta 0 | end-to-end samples/s | "
             "wall s | trainer idle | rollout idle | accuracy after | vs eta 0 (points) | max staleness |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]

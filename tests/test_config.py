@@ -116,6 +116,7 @@ CHOICES = [
     ("rollout.router", "round_robin", "least_tokens, pow2"),
     ("algo.adv.estimator", "magic", "grpo, dr_grpo, rloo, gae"),
     ("algo.adv.norm", "group", "none, batch"),
+    ("algo.loss.name", "reinforce", "decoupled_ppo"),
     ("algo.loss.importance_level", "word", "token, sequence"),
     ("algo.loss.prox_logp", "guess", "recompute, loglinear"),
     ("algo.loss.kl_estimator", "k4", "k1, k2, k3"),

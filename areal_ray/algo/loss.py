@@ -26,6 +26,7 @@ import torch
 
 from areal_ray.algo.gspo import sequence_mean
 from areal_ray.algo.kl import KL_ESTIMATORS, kl_estimate
+from areal_ray.algo.losses import LossInputs
 
 LEVELS = ("token", "sequence")
 
@@ -156,3 +157,14 @@ def decoupled_ppo_loss(
             "kl_ref": masked_mean(kl.detach(), mask) if kl is not None else torch.zeros(()),
         }
     return loss, stats
+
+
+def ppo_policy_loss(x: LossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`decoupled_ppo_loss` as the registered default (`algo.loss.name=decoupled_ppo`,
+    `algo/losses.py`): every option from `algo.loss` (`cfg`)."""
+    return decoupled_ppo_loss(
+        x.logprobs, x.proximal_logprobs, x.behavior_logprobs, x.advantages, x.loss_mask,
+        eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
+        behav_imp_weight_cap=cfg.behav_imp_weight_cap, normalizer=x.normalizer,
+        level=cfg.importance_level, seq_ids=x.seq_ids, ref_logprobs=x.ref_logprobs,
+        kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator)

@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from areal_ray.algo.losses import DEFAULT as DEFAULT_LOSS
 from areal_ray.config.choices import (AdvEstimator, AdvNorm, ImportanceLevel, KlEstimator,
-                                      LrSchedule, ProxLogp)
+                                      LrSchedule, PolicyLoss, ProxLogp)
 from areal_ray.config.section import opt, require, section
 
 
 @dataclass(kw_only=True)
 class LossConfig:
+    name: PolicyLoss = opt(PolicyLoss(DEFAULT_LOSS), "the policy loss, by its name in areal_ray/algo/losses.py (docs/extending.md); decoupled_ppo: the (decoupled) PPO objective the keys below tune")
     decoupled: bool = opt(True, "decoupled PPO (recomputed proximal policy); false: plain PPO on behaviour logprobs")
     eps_clip: float = opt(0.2, "PPO clip epsilon (low side)")
     eps_clip_high: Optional[float] = opt(None, "PPO clip epsilon, high side (DAPO clip-higher); null: eps_clip")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from areal_ray.algo.losses import LOSSES
 from areal_ray.rollout.engines.registry import ENGINES
 
 
@@ -30,6 +31,10 @@ class Choice(StrEnum):
 
 # One member per engine in the registry, which names engines without importing them.
 RolloutBackend = Choice("RolloutBackend", {name: name for name in ENGINES})
+
+
+# One member per policy loss in its registry (torch-free "module:function" names).
+PolicyLoss = Choice("PolicyLoss", {name: name for name in LOSSES})
 
 
 class Batching(Choice):

@@ -26,7 +26,7 @@ STALENESS_BOUNDARIES = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 16.5]
 PUSH_PHASES = {"gather": "push_gather_s", "transfer": "push_transfer_s",
                "load": "push_load_s", "total": "push_total_s"}
 
-# name -> (kind, description, extra tag keys); the README's metrics table lists these.
+# name -> (kind, description, extra tag keys); docs/running.md's metrics table lists these.
 METRICS = {
     "areal_version": ("gauge", "policy version the trainer has published", ()),
     "areal_samples_trained": ("counter", "samples trained on", ()),

@@ -12,8 +12,9 @@ shaped outcome reward), every rank takes its share and:
      recomputed by a no-grad forward up front, or approximated log-linearly from the
      behaviour logprobs and the current ones (AReaL's `loglinear`, no extra pass);
   4. with `algo.loss.kl_coef > 0`, reference logprobs from the frozen initial model;
-  5. per minibatch: decoupled PPO loss normalised by the minibatch's global token
-     count, one optimizer step; then one critic step on the value loss.
+  5. per minibatch: the policy loss (`algo.loss.name`, from the registry in
+     algo/losses.py; decoupled PPO by default) normalised by the minibatch's global
+     token count, one optimizer step; then one critic step on the value loss.
 
 Non-finite numbers never reach the optimizer. A sequence whose reward, advantage or
 behaviour logprobs are not finite is left out before any of this (algo/finite.py);
@@ -38,7 +39,7 @@ import torch.distributed as dist
 
 from areal_ray.algo.advantages import moments, normalize
 from areal_ray.algo.finite import screen
-from areal_ray.algo.loss import decoupled_ppo_loss
+from areal_ray.algo.losses import LossInputs, policy_loss
 from areal_ray.algo.proximal import loglinear_proximal_logprobs
 from areal_ray.algo.value import value_loss
 from areal_ray.train.batching import (
@@ -194,6 +195,7 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
     timings["ref_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    loss_fn = policy_loss(algo.loss.name)
     sums: dict[str, float] = {"loss": 0.0, "n_tokens": 0.0, "behav_weight_max": 0.0}
     grad_norms, skipped = [], 0
     for k, mbs in enumerate(minis):
@@ -205,25 +207,22 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
                 (empty_forward(m.policy, pad_id) * world).backward()
                 continue
             logp = forward_logprobs(m.policy, mb, temp, chunk)
-            loss, stats = decoupled_ppo_loss(
+            loss, stats = loss_fn(LossInputs(
                 logp, _proximal(mb, logp, cfg, k, version), mb["behavior_logprobs"],
-                mb["advantages"], mb["loss_mask"], eps_clip=algo.loss.eps_clip,
-                eps_clip_high=algo.loss.eps_clip_high, dual_clip=algo.loss.dual_clip,
-                behav_imp_weight_cap=algo.loss.behav_imp_weight_cap, normalizer=global_tokens,
-                level=algo.loss.importance_level, seq_ids=mb["seq_ids"],
-                ref_logprobs=mb.get("ref_logprobs"), kl_coef=algo.loss.kl_coef,
-                kl_estimator=algo.loss.kl_estimator)
+                mb["advantages"], mb["loss_mask"], normalizer=global_tokens,
+                seq_ids=mb["seq_ids"], ref_logprobs=mb.get("ref_logprobs"), batch=mb), algo.loss)
             # FSDP averages gradients over ranks; the loss is already a global token mean.
             (loss * world).backward()
             value = loss.item()
             if bad is None and not math.isfinite(value):
                 bad = f"minibatch {k} micro-batch {j}: loss {value}"
-            w = float(stats["n_tokens"])
+            w = float(stats["n_tokens"] if "n_tokens" in stats else mb["loss_mask"].sum())
             sums["loss"] += value / len(minis)
             sums["n_tokens"] += w
-            for key in POLICY_STATS:
-                sums[key] = sums.get(key, 0.0) + float(stats[key]) * w
-            sums["behav_weight_max"] = max(sums["behav_weight_max"], float(stats["behav_weight_max"]))
+            for key in POLICY_STATS:  # a stat the loss does not report: NaN, "not measured"
+                sums[key] = sums.get(key, 0.0) + float(stats.get(key, math.nan)) * w
+            top = float(stats.get("behav_weight_max", math.nan))
+            sums["behav_weight_max"] = math.nan if math.isnan(top) else max(sums["behav_weight_max"], top)
         grad_norms.append(_clip(m.policy, algo.optim.max_grad_norm))
         why = nonfinite_step(bad, grad_norms[-1], f"minibatch {k}")
         if why is None:

@@ -1,7 +1,7 @@
 """End to end: conf/tools.yaml, the tool-use task through the real job. Multi-turn
 samples (a calc(...) call, the calculator's result appended, a boxed answer) are
 generated, rewarded and trained; the held-out evaluation runs the same workflow.
-Learning itself is measured by the job's output (README), not asserted here."""
+Learning itself is measured by the job's output (docs/benchmarks.md), not asserted here."""
 
 import json
 

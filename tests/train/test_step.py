@@ -122,3 +122,37 @@ def test_batch_normalised_advantages_have_zero_mean_unit_std():
     normalize_advantages(mbs)
     a = torch.cat([mb["advantages"][mb["loss_mask"]] for mb in mbs if mb is not None])
     assert abs(float(a.mean())) < 1e-5 and abs(float(a.std()) - 1.0) < 1e-4
+
+
+TOY_CALLS = []
+
+
+def toy_loss(x, cfg):
+    """A registered loss of the documented signature (algo/losses.py): REINFORCE on the
+    token mean, reporting no stats."""
+    TOY_CALLS.append((x.logprobs.shape, cfg.eps_clip, sorted(x.batch)))
+    return -(x.logprobs * x.advantages * x.loss_mask).sum() / x.normalizer, {}
+
+
+def test_a_registered_loss_is_what_train_step_minimises(random_model_dir, monkeypatch):
+    from areal_ray.algo import losses
+    from areal_ray.algo.packing import pack, packed_token_logprobs
+
+    monkeypatch.setitem(losses.LOSSES, "toy", f"{__name__}:toy_loss")
+    TOY_CALLS.clear()
+    seqs = [dict(s, ticket=0) for s in make_seqs(4)]
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    mb = pack(seqs)
+    with torch.no_grad():
+        lp = packed_token_logprobs(model, mb)
+        expected = -(lp * mb["advantages"] * mb["loss_mask"]).sum() / mb["loss_mask"].sum()
+    cfg = load_config(None)
+    cfg.algo.loss.name = "toy"  # the config's choices are read from the registry at import
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = train_step(models(model, torch.optim.SGD(model.parameters(), lr=1e-1)), seqs, cfg, 0, 0)
+    assert len(TOY_CALLS) == stats["n_microbatches"] == 1
+    assert TOY_CALLS[0][1] == cfg.algo.loss.eps_clip and "versions" in TOY_CALLS[0][2]
+    assert abs(stats["loss"] - expected.item()) < 1e-6
+    assert stats["skipped_nonfinite"] == 0
+    assert all(stats[k] != stats[k] for k in ("clip_frac", "approx_kl", "behav_weight_max"))  # NaN: not reported
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
