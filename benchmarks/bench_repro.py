@@ -31,7 +31,7 @@ import torch
 
 from areal_ray.config import opt
 from areal_ray.rollout.engines.base import GenerationRequest
-from benchmarks.bench_rollout import close, in_process, make_engine, run
+from benchmarks.bench_rollout import in_process, make_engine, run
 from jobs.cli import job_config
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     idx = random.Random(1).sample(range(len(reqs)), min(c.checked, len(reqs)))
     identity = {m: compare(engines[m], reqs, outputs[m], idx) for m in modes}
     for e in engines.values():
-        close(e)
+        e.shutdown()
     med = {m: {**sorted(v, key=lambda r: r["tokens_per_s"])[len(v) // 2],
                "trials_tokens_per_s": [round(r["tokens_per_s"]) for r in v]} for m, v in trials.items()}
     tps = {m: med[m]["tokens_per_s"] for m in modes}

@@ -106,7 +106,16 @@ def problems(engine: str, flash_attn: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        print("gpu-venv prerequisites: expected key=value (engine=, flash_attn=), got " + " ".join(bad),
+              file=sys.stderr)
+        return 2
+    args = dict(a.split("=", 1) for a in argv)
     engine, flash_attn = args.get("engine", "sglang"), args.get("flash_attn", "") not in ("", "0")
     if engine not in ENGINES:
         print(f"gpu-venv: ENGINE={engine} is not one of {', '.join(ENGINES)}", file=sys.stderr)

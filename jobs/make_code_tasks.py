@@ -6,16 +6,26 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
+from areal_ray.config import opt
 from areal_ray.task.code_problems import make_rows, write_jsonl
+from jobs.cli import job_config
+
+
+@dataclass
+class MakeCodeTasks:
+    out: str = opt("data/code_tasks.jsonl", "the jsonl file to write")
+    seed: int = opt(0, "seed of the generated problems")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    out, seed = args.get("out", "data/code_tasks.jsonl"), int(args.get("seed", 0))
-    rows = make_rows(seed)
-    write_jsonl(rows, out)
-    print(f"wrote {len(rows)} coding problems to {out}")
+    c = job_config(argv, "python -m jobs.make_code_tasks", __doc__.splitlines()[0], MakeCodeTasks)
+    if c is None:
+        return 2
+    rows = make_rows(c.seed)
+    write_jsonl(rows, c.out)
+    print(f"wrote {len(rows)} coding problems to {c.out}")
     return 0
 
 

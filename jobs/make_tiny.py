@@ -14,6 +14,7 @@ so the quickstart starts training at once; `jobs.train` also builds it on first 
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 
 from omegaconf import OmegaConf
 
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     if task not in SPECS:
         print(f"task={task}: not one of {sorted(SPECS)}", file=sys.stderr)
         return 2
+    if any(a in ("-h", "--help") for a in rest):
+        print(__doc__ + f"\nkeys (task={task}'s spec, {SPECS[task].__name__}) and their defaults:")
+        print("\n".join(f"  {f.name} = {f.default!r}" for f in fields(SPECS[task])))
+        return 0
     out = out or ("artifacts/tiny" if task == "arith" else "artifacts/tiny-tools")
     spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SPECS[task]),
                                                OmegaConf.from_dotlist(rest)))

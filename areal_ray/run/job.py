@@ -88,7 +88,11 @@ def init_ray(cfg: Config) -> None:
     Inside `ray job submit` (RAY_ADDRESS set) the job's runtime env already ships the
     working dir to every worker. Attaching to a named cluster from outside a job
     (e.g. a notebook) ships this repository as the working dir (.gitignore'd paths
-    excluded). A local cluster only needs the repository on PYTHONPATH.
+    excluded). A local cluster's workers run this interpreter, which imports the
+    checkout `pip install -e .` installed; REPO_ROOT first on their PYTHONPATH makes them
+    import the same checkout as this process also where the venv's install points at
+    another one (a git worktree sharing a venv) or where there is none (`python -m`
+    from the checkout's root).
     """
     if ray.is_initialized():
         return
