@@ -15,6 +15,7 @@ import math
 import time
 
 from areal_ray.reward.pool import TimedChecker, check
+from areal_ray.rollout.engines.base import GenerationRequest
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -31,7 +32,7 @@ def single_turn_outputs(handle, tokenizer, rows: list[dict], max_new_tokens: int
     pending = []
     for r in rows:
         ids = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
-        pending.append([handle.generate.remote(ids, max_new_tokens, temperature)
+        pending.append([handle.generate.remote(GenerationRequest(ids, max_new_tokens, temperature))
                         for _ in range(samples)])
     outputs = []
     for resps in pending:

@@ -205,9 +205,9 @@ def test_max_tokens_is_cut_to_the_runs_max_new_tokens(engine):
     budgets = []
     app = InProcessApp(engine)
 
-    async def recording(ids, n, *args):
-        budgets.append(list(n))
-        return await app._generate_batch(ids, n, *args)
+    async def recording(requests):
+        budgets.append([r.max_new_tokens for r in requests])
+        return await app._generate_batch(requests)
 
     app.generate_batch = _Method(recording)
     svc = service(engine, max_tokens_cap=3, app=app)

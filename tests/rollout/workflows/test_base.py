@@ -44,12 +44,8 @@ class InProcessApp:
     async def _decode_batch(self, ids):
         return self.engine.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    async def _generate_batch(self, ids_list, budgets, temperature, ignore_eos=False, stop_ids=(),
-                              seeds=None):
-        seeds = seeds or [None] * len(ids_list)
-        results = await asyncio.gather(*[self.engine.generate(GenerationRequest(ids, n, temperature, stop_ids=list(stop_ids),
-                                                                                seed=seed))
-                                         for ids, n, seed in zip(ids_list, budgets, seeds)])
+    async def _generate_batch(self, requests: list[GenerationRequest]):
+        results = await asyncio.gather(*[self.engine.generate(r) for r in requests])
         return [r.to_dict() for r in results]
 
 
