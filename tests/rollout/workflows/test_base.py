@@ -88,9 +88,9 @@ def test_the_workflow_is_built_with_the_config_and_its_kwargs():
     cfg = EpisodeConfig(2, 8, 0.5)
     w = build_workflow(f"{__name__}.Tagging", cfg, {"tag": "t1"})
     assert w.config is cfg and w.tag == "t1"
-    assert EpisodeConfig.of(load_config(None, ["rollout.group_size=4"])) == \
+    assert EpisodeConfig.from_config(load_config(None, ["rollout.group_size=4"])) == \
         EpisodeConfig(4, 96, 1.0)
-    assert EpisodeConfig.of(load_config(None, ["run.deterministic=true", "train.seed=7"])) == \
+    assert EpisodeConfig.from_config(load_config(None, ["run.deterministic=true", "train.seed=7"])) == \
         EpisodeConfig(8, 96, 1.0, seed=7)
 
 
