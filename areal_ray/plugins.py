@@ -71,5 +71,5 @@ def check_plugins(cfg) -> tuple[str, ...]:
     Returns the verifier names a dataset row may give."""
     from areal_ray.reward.registry import check_checkers
     from areal_ray.rollout.workflows.base import EpisodeConfig, check_workflow
-    check_workflow(cfg.rollout.workflow, EpisodeConfig.of(cfg), cfg.rollout.workflow_kwargs)
+    check_workflow(cfg.rollout.workflow, EpisodeConfig.from_config(cfg), cfg.rollout.workflow_kwargs)
     return check_checkers(cfg.reward.checkers)

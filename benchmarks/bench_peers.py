@@ -172,8 +172,7 @@ def grade(run: dict, c: BenchPeersConfig) -> None:
         app = f"peers-eval-{run['system']}-{run['seed']}-{m['step']}"
         handle = serve.run(build_app(cfg, m["path"]), name=app, route_prefix=None)
         try:
-            m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows,
-                                     cfg.rollout.max_new_tokens)["accuracy"]
+            m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows, cfg)["accuracy"]
         finally:
             serve.delete(app)
     run["final_accuracy"] = run["models"][-1]["accuracy"]

@@ -232,8 +232,7 @@ class ServeApp:
 
     def measure(self, reqs) -> dict:
         async def gen(r):
-            return await self.handle.generate.remote(r.input_ids, r.max_new_tokens, r.temperature,
-                                                     r.ignore_eos)
+            return await self.handle.generate.remote(r)  # the request as the replica takes it
         cpu: dict = {}  # the replica is a Ray worker, not our child: wall time only
         return timed(run(_all_at_once(gen, reqs)), reqs, cpu)
 

@@ -73,15 +73,16 @@ class EndpointOptions:
         return f"EndpointOptions(max_sessions={self.max_sessions}, api_key=<redacted>)"
 
     @classmethod
-    def from_config(cls, cfg) -> EndpointOptions:
-        """Needs the key: the run makes one when rollout.openai.api_key is empty
+    def from_config(cls, rollout) -> EndpointOptions:
+        """From the run's `rollout` section (`RolloutConfig`: the endpoint reads nothing
+        else). Needs the key: the run makes one when rollout.openai.api_key is empty
         (agent_workflow.resolve_endpoint), so its workflow gets the same."""
-        o, kw = cfg.rollout.openai, cfg.rollout.engine_kwargs or {}
+        o, kw = rollout.openai, rollout.engine_kwargs or {}
         if not o.api_key:
             raise ValueError("rollout.openai.api_key is empty: resolve_endpoint(cfg) makes the "
                              "run's key before the endpoint is built")
-        return cls(o.max_sessions, o.session_ttl_s, cfg.rollout.max_new_tokens,
-                   cfg.rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None),
+        return cls(o.max_sessions, o.session_ttl_s, rollout.max_new_tokens,
+                   rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None),
                    o.api_key, o.max_request_bytes, o.max_session_bytes, o.tool_parser)
 
 
@@ -168,4 +169,4 @@ def build_openai_app(cfg, rollout_app, model_path: str):
     return OpenAIServer.options(
         num_replicas=1, max_ongoing_requests=cfg.rollout.openai.max_ongoing_requests,
         ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False},
-    ).bind(rollout_app, model_path, EndpointOptions.from_config(cfg))
+    ).bind(rollout_app, model_path, EndpointOptions.from_config(cfg.rollout))

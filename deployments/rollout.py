@@ -33,9 +33,8 @@ from ray.serve.config import RequestRouterConfig
 from areal_ray.config import Config
 from areal_ray.observe.metrics import ReplicaMetrics
 from areal_ray.cluster.ownership import tag_of_driver
-from areal_ray.rollout.engines.base import EngineOptions
+from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
-from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.weights.receivers import WeightReceiver
 from areal_ray.task.tokenizer import load_tokenizer
@@ -223,14 +222,10 @@ class RolloutServer:
                 logger.exception("metrics sample failed")
             await asyncio.sleep(METRICS_PERIOD_S)
 
-    async def generate(self, input_ids: list[int], max_new_tokens: int,
-                       temperature: float = 1.0, ignore_eos: bool = False,
-                       stop_ids: list[int] | None = None, seed: int | None = None) -> dict:
+    async def generate(self, request: GenerationRequest) -> dict:
         """One request, checked against the engine's limits before the engine sees it
         (areal_ray/rollout/engines/limits.py): a bad one is a ValueError for this caller only."""
-        req = self.engine.limits.admit(GenerationRequest(
-            input_ids, max_new_tokens, temperature, ignore_eos=ignore_eos,
-            stop_ids=list(stop_ids or ()), seed=seed))
+        req = self.engine.limits.admit(request)
         return (await self.engine.generate(req)).to_dict()
 
     def encode(self, text: str) -> list[int]:
@@ -241,22 +236,12 @@ class RolloutServer:
         """Texts of finished outputs, special tokens skipped (what rewards read)."""
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
-                             temperature: float = 1.0, ignore_eos: bool = False,
-                             stop_ids: list[int] | None = None,
-                             seeds: list[int | None] | None = None) -> list[dict]:
+    async def generate_batch(self, requests: list[GenerationRequest]) -> list[dict]:
         """Several requests in one call (e.g. the unfinished samples of one prompt group),
         for clients to whom each Serve call is costly: one call routes, and is counted
         against `max_ongoing_requests`, once. Ends when every request has ended. All are
         checked before any runs; a bad one fails the call, naming which."""
-        seeds = [None] * len(input_ids) if seeds is None else list(seeds)
-        if not len(input_ids) == len(max_new_tokens) == len(seeds):
-            raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
-                             f"{len(max_new_tokens)} max_new_tokens and {len(seeds)} seeds")
-        reqs = self.engine.limits.admit_all([
-            GenerationRequest(ids, n, temperature, ignore_eos=ignore_eos,
-                              stop_ids=list(stop_ids or ()), seed=seed)
-            for ids, n, seed in zip(input_ids, max_new_tokens, seeds)])
+        reqs = self.engine.limits.admit_all(list(requests))
         return [r.to_dict() for r in await all_or_none(self.engine.generate(r) for r in reqs)]
 
     def stats(self) -> dict:

@@ -6,7 +6,8 @@ pass@1 and pass@k.
 
 The model (a run's `final_model/`, a checkpoint's `model/`, or the base model when
 `eval.model_path` is empty) is served by the same rollout Serve app as in training,
-without a driver, and graded by the training reward's checker. Writes a JSON report
+without a driver, generated and graded as training does (the run's workflow and
+`reward.*` settings). Writes a JSON report
 and one MLflow run (the resolved config as params, the figures as metrics, the
 report as an artifact).
 """
@@ -14,6 +15,7 @@ report as an artifact).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -32,6 +34,8 @@ def run_eval(cfg) -> dict:
     from areal_ray.data.prompts import eval_rows
     from areal_ray.run.eval import evaluate
     from areal_ray.reward.registry import check_checkers
+    from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
+    from areal_ray.reward.sandbox import check_sandbox
     from areal_ray.run.job import init_ray, resolve_model
     from areal_ray.task.tokenizer import load_tokenizer
     from areal_ray.observe.tracking import params_of, use_experiment
@@ -41,6 +45,8 @@ def run_eval(cfg) -> dict:
                                "eval.model_path" if cfg.eval.model_path else "model.path")
     rows = eval_rows(cfg.task, check_checkers(cfg.reward.checkers))
     out = Path(cfg.eval.out or f"runs/eval-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    check_sandbox(cfg)  # as training: model-written code runs isolated, or the config says it need not
+    os.environ[SANDBOX_ENV] = cfg.reward.sandbox  # the workflow's tools follow it, as in training
     init_ray(cfg)
     if cfg.run.check_placement:
         check_placement(cfg, training=False)
@@ -49,12 +55,11 @@ def run_eval(cfg) -> dict:
     serve.start(proxy_location="Disabled")
     try:
         handle = deploy_app(build_app(cfg, model_path), app, cfg.run.placement_timeout_s)
-        greedy = evaluate(handle, tokenizer, rows, cfg.rollout.max_new_tokens,
-                          checkers=cfg.reward.checkers)
+        # generated and graded as the run trains (rollout.*, reward.*): run/eval.py
+        greedy = evaluate(handle, tokenizer, rows, cfg)
         ks = sorted({1, cfg.eval.k})
-        sampled = evaluate(handle, tokenizer, rows, cfg.rollout.max_new_tokens,
-                           temperature=cfg.eval.temperature, samples=cfg.eval.k, ks=tuple(ks),
-                           checkers=cfg.reward.checkers)
+        sampled = evaluate(handle, tokenizer, rows, cfg, temperature=cfg.eval.temperature,
+                           samples=cfg.eval.k, ks=tuple(ks))
     finally:
         serve.delete(app)
     metrics = {"greedy_pass@1": greedy["accuracy"],

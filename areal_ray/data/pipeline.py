@@ -123,9 +123,8 @@ class RolloutStage:
     the rollout Serve app, one group per row of each block."""
 
     def __init__(self, driver_name: str, namespace: str, app_name: str,
-                 deployment_name: str, group_size: int, max_new_tokens: int, temperature: float,
-                 generation: int = 0, workflow: str = SINGLE_TURN,
-                 workflow_kwargs: dict | None = None, seed: int | None = None,
+                 deployment_name: str, episode: EpisodeConfig, generation: int = 0,
+                 workflow: str = SINGLE_TURN, workflow_kwargs: dict | None = None,
                  episode_timeout_s: float = 0.0):
         # Token ids in and out: the rollout app encodes the prompt and decodes the
         # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
@@ -133,8 +132,7 @@ class RolloutStage:
         self.episode = AdmittedEpisodes(
             ray.get_actor(driver_name, namespace=namespace),
             EngineClient.for_app(app_name, deployment_name),
-            build_workflow(workflow, EpisodeConfig(group_size, max_new_tokens, temperature, seed),
-                           workflow_kwargs),
+            build_workflow(workflow, episode, workflow_kwargs),
             generation, episode_timeout_s)
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict:
@@ -160,10 +158,9 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
         fn_constructor_kwargs=dict(
             driver_name=driver_name, namespace=namespace,
             app_name=app_name, deployment_name=deployment_name,
-            group_size=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, generation=generation,
+            episode=EpisodeConfig.from_config(cfg), generation=generation,
             workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs),
-            seed=EpisodeConfig.of(cfg).seed, episode_timeout_s=cfg.rollout.episode_timeout_s),
+            episode_timeout_s=cfg.rollout.episode_timeout_s),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
                                   max_concurrent_calls_per_actor=concurrent),
         # a workflow's python tool runs code in the reward sandbox, in the mode the run
@@ -171,12 +168,7 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
         runtime_env={"env_vars": {SANDBOX_ENV: cfg.reward.sandbox}})
     ds = ds.map_batches(
         RewardStage, batch_size=None, num_cpus=cfg.reward.num_cpus,
-        fn_constructor_kwargs=dict(
-            timeout_s=cfg.reward.timeout_s, code_timeout_s=cfg.reward.code_timeout_s,
-            code_opts={"time_limit_s": cfg.reward.code_time_limit_s,
-                       "memory_limit_mb": cfg.reward.code_memory_limit_mb,
-                       "sandbox": cfg.reward.sandbox},
-            driver_name=driver_name, namespace=namespace, checkers=dict(cfg.reward.checkers)),
+        fn_constructor_kwargs=dict(reward=cfg.reward, driver_name=driver_name, namespace=namespace),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
     return ds
 

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from areal_ray.config.reward import RewardConfig
 from areal_ray.reward.registry import CheckerRegistry
 from areal_ray.types import Group
 
@@ -139,18 +140,48 @@ class TimedChecker:
         self._kill()
 
 
-class RewardStage:
-    """Ray Data UDF: fills in reward and reward_reason of every sample of each group."""
+class Grader:
+    """How a run grades a sample, built from `reward.*` (`from_config`) by the training
+    reward stage and held-out evaluation alike, so both grade the same way: the
+    verifier registry with `reward.checkers`, run in a `TimedChecker` bounded by
+    `reward.timeout_s`; a `code` sample with the sandbox settings (`reward.code_*`,
+    `reward.sandbox`) and bounded by `reward.code_timeout_s` instead."""
 
-    def __init__(self, timeout_s: float = 5.0, code_timeout_s: float = 30.0,
-                 code_opts: dict | None = None, check_fn=check, driver_name: str = "",
-                 namespace: str = "", checkers: dict | None = None):
-        # `checkers` (reward.checkers) travel to the checker process with the function.
+    def __init__(self, timeout_s: float, code_timeout_s: float, code_opts: dict,
+                 checkers: dict | None = None, check_fn=check):
+        # `checkers` travel to the checker process with the function.
         fn = functools.partial(check_fn, checkers=dict(checkers)) if checkers else check_fn
         self.checker = TimedChecker(timeout_s, fn=fn)
-        self.checker.warm()  # while the run starts up, not in the first step
-        self.code_timeout_s = code_timeout_s
-        self.code_opts = code_opts or {}
+        self.code_timeout_s, self.code_opts = code_timeout_s, dict(code_opts)
+
+    @classmethod
+    def from_config(cls, reward: RewardConfig, check_fn=check) -> Grader:
+        """From the run's `reward` section (`RewardConfig`)."""
+        return cls(reward.timeout_s, reward.code_timeout_s,
+                   {"time_limit_s": reward.code_time_limit_s,
+                    "memory_limit_mb": reward.code_memory_limit_mb, "sandbox": reward.sandbox},
+                   dict(reward.checkers), check_fn)
+
+    def __call__(self, verifier: str, text: str, answer: str) -> tuple[float, str]:
+        if verifier == "code":
+            return self.checker(verifier, text, answer, self.code_opts, self.code_timeout_s)
+        return self.checker(verifier, text, answer)
+
+    def warm(self) -> None:
+        self.checker.warm()
+
+    def close(self) -> None:
+        self.checker.close()
+
+
+class RewardStage:
+    """Ray Data UDF: fills in reward and reward_reason of every sample of each group,
+    graded as `reward` (the run's `RewardConfig`) says (`Grader`)."""
+
+    def __init__(self, reward: RewardConfig | None = None, driver_name: str = "",
+                 namespace: str = "", check_fn=check):
+        self.grader = Grader.from_config(reward or RewardConfig(), check_fn)
+        self.grader.warm()  # while the run starts up, not in the first step
         if driver_name:  # counted in the reward-pool size metric while it lives
             import ray
             ctx = ray.get_runtime_context()
@@ -158,18 +189,15 @@ class RewardStage:
                 ctx.get_actor_id(), ctx.current_actor)
 
     def __del__(self):
-        self.checker.close()
+        self.grader.close()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         tickets, rows = [], []
         for ticket, blob in zip(batch["ticket"], batch["group"]):
             group = Group.from_row({"ticket": int(ticket), "group": blob})
             t0 = time.perf_counter()
-            code = group.verifier == "code"
             for i, s in enumerate(group.samples):
-                s.reward, s.reward_reason = self.checker(
-                    group.verifier, s.text, group.answer, self.code_opts if code else None,
-                    self.code_timeout_s if code else None)
+                s.reward, s.reward_reason = self.grader(group.verifier, s.text, group.answer)
                 if s.reward_reason.startswith("non-finite"):
                     logger.warning("ticket %d sample %d: %s; its reward is 0",
                                    group.ticket, i, s.reward_reason)

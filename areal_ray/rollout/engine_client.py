@@ -7,7 +7,9 @@ The client outlives the replica it talks to: when Serve loses a replica under a 
 app that stays gone fails the run. For a generation round the samples keep every
 token of their earlier rounds and redo only that round's, as after a weight push.
 
-A workflow sees only this class's methods, never the handle, so the next clients (an
+Requests cross to the replica as `GenerationRequest`s (rollout/engines/base.py), the
+type the replica admits and the router reads the budget of, never as positional
+arguments. A workflow sees only this class's methods, never the handle, so the next clients (an
 OpenAI-compatible endpoint, a local engine in tests) can stand in for it.
 """
 
@@ -18,17 +20,11 @@ import logging
 
 from ray.exceptions import RayActorError
 
+from areal_ray.rollout.engines.base import GenerationRequest
+
 logger = logging.getLogger(__name__)
 # ~1 min in all, backing off up to 10 s: Serve starts a replacement replica in seconds.
 REPLICA_RETRIES = 8
-
-
-def _extra_args(stop_ids: list[int] | None, seeds) -> tuple:
-    """The app's trailing (ignore_eos, stop_ids, seeds) arguments, sent only as far as
-    they are given, so plain calls stay as they were."""
-    if seeds is not None:
-        return False, list(stop_ids or ()), seeds
-    return (False, list(stop_ids)) if stop_ids else ()
 
 
 class EngineClient:
@@ -70,16 +66,22 @@ class EngineClient:
         "abort" when a weight push interrupted it (resubmit what is left), "stop" at
         EOS or at one of `stop_ids` (kept as the last output token). `seed`: the
         request's sampling seed (rollout/seeds.py)."""
-        return await self.call("generate", input_ids, max_new_tokens, temperature,
-                               *_extra_args(stop_ids, seed))
+        return await self.call("generate", GenerationRequest(
+            input_ids, max_new_tokens, temperature, stop_ids=list(stop_ids or ()), seed=seed))
 
     async def generate_batch(self, input_ids: list[list[int]], max_new_tokens: list[int],
                              temperature: float, stop_ids: list[int] | None = None,
                              seeds: list[int | None] | None = None) -> list[dict]:
         """Several requests in one Serve call (one result each, in order): cheaper for
-        the caller than one call per request."""
-        return await self.call("generate_batch", input_ids, max_new_tokens, temperature,
-                               *_extra_args(stop_ids, seeds))
+        the caller than one call per request. They travel as `GenerationRequest`s."""
+        seeds = [None] * len(input_ids) if seeds is None else list(seeds)
+        if not len(input_ids) == len(max_new_tokens) == len(seeds):
+            raise ValueError(f"generate_batch: {len(input_ids)} prompts but "
+                             f"{len(max_new_tokens)} max_new_tokens and {len(seeds)} seeds")
+        stops = list(stop_ids or ())
+        return await self.call("generate_batch", [
+            GenerationRequest(ids, n, temperature, stop_ids=stops, seed=seed)
+            for ids, n, seed in zip(input_ids, max_new_tokens, seeds)])
 
     async def encode(self, text: str) -> list[int]:
         """Token ids of `text` as generation sees them (no special tokens added)."""

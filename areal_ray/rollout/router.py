@@ -4,9 +4,10 @@ Serve's default router (power of two choices) compares two random replicas by th
 count of ongoing requests. In RL rollout requests differ by 10-100x in cost (a long
 chain-of-thought next to a two-token answer, or a resubmitted tail of a few tokens),
 so equal request counts can hide very unequal work. This router ranks every replica
-by the generation budget (max_new_tokens) of the requests it has sent there and that
-have not completed, and Serve then takes the best-ranked replica that has capacity
-(its own max_ongoing_requests check still applies).
+by the generation budget (`max_new_tokens` of the `GenerationRequest`s the engine
+client sends) of the requests it has sent there and that have not completed, and
+Serve then takes the best-ranked replica that has capacity (its own
+max_ongoing_requests check still applies).
 
 The counts are this router's own: each deployment handle has a router, so they are
 exact for a single caller (the run's rollout stage, which sends all training traffic)
@@ -27,19 +28,23 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from areal_ray.rollout.engines.base import GenerationRequest
+
+GENERATE_METHODS = ("generate", "generate_batch")
+
 
 def request_cost(pending: PendingRequest) -> int:
-    """The decode budget of a `generate(input_ids, max_new_tokens, ...)` call, or the
-    summed budgets of a `generate_batch(input_ids, max_new_tokens: list, ...)`; 0 otherwise."""
-    if pending.metadata.call_method not in ("generate", "generate_batch"):
+    """The decode budget of a `generate(request)` call, or the summed budgets of a
+    `generate_batch(requests)`: the `max_new_tokens` of the `GenerationRequest`s the
+    call carries; 0 for any other call."""
+    if pending.metadata.call_method not in GENERATE_METHODS:
         return 0
-    if "max_new_tokens" in pending.kwargs:
-        budget = pending.kwargs["max_new_tokens"]
-    elif len(pending.args) > 1:
-        budget = pending.args[1]
-    else:
-        return 0
-    return sum(int(b) for b in budget) if isinstance(budget, (list, tuple)) else int(budget)
+    cost = 0
+    for sent in (*pending.args, *pending.kwargs.values()):
+        for req in sent if isinstance(sent, (list, tuple)) else (sent,):
+            if isinstance(req, GenerationRequest):
+                cost += req.max_new_tokens
+    return cost
 
 
 class LeastOutstandingTokensRouter(RequestRouter):

@@ -3,18 +3,20 @@ sampled pass@1 and pass@k (the unbiased estimator of Chen et al., 2021).
 
 It sends every prompt to the Serve app at once (the engine batches them), or, for a
 run whose rollout workflow is not the single-turn one (e.g. tool calls), runs that
-workflow's episodes, so a task is evaluated the way it trains. Answers are graded by
-the same bounded checker the training reward uses (a child process with a deadline;
-code runs in the sandbox).
+workflow's episodes, so a task is evaluated the way it trains. Answers are graded as
+the training reward grades them: the same `Grader`, built from the same `reward.*`
+settings (checkers, deadlines, code sandbox limits; areal_ray/reward/pool.py).
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import time
 
-from areal_ray.reward.pool import TimedChecker, check
+from areal_ray.reward.pool import Grader
+from areal_ray.rollout.engines.base import GenerationRequest
+from areal_ray.rollout.workflows.base import SINGLE_TURN, EpisodeConfig
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -24,15 +26,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def single_turn_outputs(handle, tokenizer, rows: list[dict], max_new_tokens: int,
-                        temperature: float, samples: int) -> list[list[dict]]:
-    """Per row, `samples` outputs {text, n_tokens, versions, tool_calls}: every
-    prompt sent at once (the engine batches them)."""
+def eval_episode(cfg, temperature: float, samples: int) -> EpisodeConfig:
+    """The run's `EpisodeConfig` (`rollout.*`) with evaluation's own temperature and
+    samples per problem; unseeded, as the single-turn path's requests are."""
+    return dataclasses.replace(EpisodeConfig.from_config(cfg), group_size=samples,
+                               temperature=temperature, seed=None)
+
+
+def single_turn_outputs(handle, tokenizer, rows: list[dict],
+                        episode: EpisodeConfig) -> list[list[dict]]:
+    """Per row, `episode.group_size` outputs {text, n_tokens, versions, tool_calls}:
+    every prompt sent at once (the engine batches them)."""
     pending = []
     for r in rows:
         ids = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
-        pending.append([handle.generate.remote(ids, max_new_tokens, temperature)
-                        for _ in range(samples)])
+        pending.append([handle.generate.remote(GenerationRequest(
+            ids, episode.max_new_tokens, episode.temperature)) for _ in range(episode.group_size)])
     outputs = []
     for resps in pending:
         outs = [resp.result(timeout_s=600) for resp in resps]
@@ -43,19 +52,18 @@ def single_turn_outputs(handle, tokenizer, rows: list[dict], max_new_tokens: int
 
 
 def workflow_outputs(handle, rows: list[dict], workflow: str, workflow_kwargs: dict | None,
-                     max_new_tokens: int, temperature: float, samples: int,
-                     concurrency: int = 128) -> list[list[dict]]:
-    """Per row, `samples` outputs of the run's rollout workflow (its episodes, with
-    `samples` as the group size): a multi-turn task is evaluated the way it trains.
-    A row the workflow rejects counts as `samples` wrong answers."""
+                     episode: EpisodeConfig, concurrency: int = 128) -> list[list[dict]]:
+    """Per row, `episode.group_size` outputs of the run's rollout workflow (its
+    episodes): a multi-turn task is evaluated the way it trains. A row the workflow
+    rejects counts as that many wrong answers."""
     import asyncio
 
     from areal_ray.rollout.engine_client import EngineClient
-    from areal_ray.rollout.workflows.base import EpisodeConfig, build_workflow
+    from areal_ray.rollout.workflows.base import build_workflow
 
-    flow = build_workflow(workflow, EpisodeConfig(samples, max_new_tokens, temperature),
-                          workflow_kwargs)
+    flow = build_workflow(workflow, episode, workflow_kwargs)
     client = EngineClient(handle)
+    samples = episode.group_size
 
     async def run_all():
         gate = asyncio.Semaphore(concurrency)
@@ -71,37 +79,33 @@ def workflow_outputs(handle, rows: list[dict], workflow: str, workflow_kwargs: d
     return asyncio.run(run_all())
 
 
-def evaluate(handle, tokenizer, rows: list[dict], max_new_tokens: int,
-             temperature: float = 0.0, timeout_s: float = 30.0, samples: int = 1,
-             ks: tuple[int, ...] = (1,), checkers: dict | None = None,
-             workflow: str = "", workflow_kwargs: dict | None = None) -> dict:
-    """`samples` generations per problem; accuracy is the mean share of correct
-    samples (pass@1), and pass@k for each k in `ks`. `checkers`: the extra reward
-    checkers (reward.checkers). `workflow` (rollout.workflow), when not the
-    single-turn one, generates through the workflow's episodes, e.g. with tool calls."""
-    from areal_ray.rollout.workflows.base import SINGLE_TURN
+def count_correct(grader: Grader, rows: list[dict], outputs: list[list[dict]]) -> list[int]:
+    """Per row, how many of its outputs `grader` finds correct (reward > 0)."""
+    return [sum(grader(r.get("verifier", "math"), o["text"], r["answer"])[0] > 0 for o in outs)
+            for r, outs in zip(rows, outputs)]
+
+
+def evaluate(handle, tokenizer, rows: list[dict], cfg, temperature: float = 0.0,
+             samples: int = 1, ks: tuple[int, ...] = (1,)) -> dict:
+    """`samples` generations per problem, as run config `cfg` generates (`rollout.*`:
+    the budget, the workflow) and grades (`reward.*`: `Grader.from_config`); accuracy
+    is the mean share of correct samples (pass@1), and pass@k for each k in `ks`."""
     t0 = time.perf_counter()
-    if workflow and workflow != SINGLE_TURN:
-        outputs = workflow_outputs(handle, rows, workflow, workflow_kwargs, max_new_tokens,
-                                   temperature, samples)
+    episode = eval_episode(cfg, temperature, samples)
+    if cfg.rollout.workflow and cfg.rollout.workflow != SINGLE_TURN:
+        outputs = workflow_outputs(handle, rows, cfg.rollout.workflow,
+                                   dict(cfg.rollout.workflow_kwargs), episode)
     else:
-        outputs = single_turn_outputs(handle, tokenizer, rows, max_new_tokens, temperature,
-                                      samples)
-    counts, lengths, versions, calls = [], [], set(), []
-    checker = TimedChecker(timeout_s, functools.partial(check, checkers=dict(checkers))
-                           if checkers else check)
-    checker.warm()
+        outputs = single_turn_outputs(handle, tokenizer, rows, episode)
+    grader = Grader.from_config(cfg.reward)
+    grader.warm()
     try:
-        for r, outs in zip(rows, outputs):
-            correct = 0
-            for o in outs:
-                correct += checker(r.get("verifier", "math"), o["text"], r["answer"])[0] > 0
-                lengths.append(o["n_tokens"])
-                versions.update(v for v in o["versions"] if v >= 0)
-                calls.append(o["tool_calls"])
-            counts.append(correct)
+        counts = count_correct(grader, rows, outputs)
     finally:
-        checker.close()
+        grader.close()
+    lengths = [o["n_tokens"] for outs in outputs for o in outs]
+    calls = [o["tool_calls"] for outs in outputs for o in outs]
+    versions = {v for outs in outputs for o in outs for v in o["versions"] if v >= 0}
     n = max(len(rows), 1)
     out = {"accuracy": sum(counts) / (n * samples), "n": len(rows), "samples": samples,
            **{f"pass@{k}": sum(pass_at_k(samples, c, k) for c in counts) / n for k in ks},

@@ -220,13 +220,6 @@ def check_replay(cfg: Config) -> str:
     return str(root)
 
 
-def eval_options(cfg: Config) -> dict:
-    """What held-out evaluation shares with training: the reward checkers, and the
-    rollout workflow (a tool task is evaluated with its tools)."""
-    return {"checkers": cfg.reward.checkers, "workflow": cfg.rollout.workflow,
-            "workflow_kwargs": dict(cfg.rollout.workflow_kwargs)}
-
-
 def eval_line(result: dict) -> str:
     line = f"accuracy {result['accuracy']:.3f} (n={result['n']})"
     if "tool_use_rate" in result:
@@ -288,8 +281,7 @@ def run_training(cfg: Config) -> dict:
     try:
         handle = start_rollout_app(cfg, model_path, driver_name, namespace, app_name)
         # A resumed run's "before" was measured by the job that started it.
-        before = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
-                          **eval_options(cfg)) \
+        before = evaluate(handle, tokenizer, held_out, cfg) \
             if cfg.run.eval_before and not resume else None
         if before:
             print(f"[areal-ray] eval before: {eval_line(before)}", flush=True)
@@ -341,8 +333,7 @@ def run_training(cfg: Config) -> dict:
                 else "no checkpoint (train.checkpoint_every=0)"
             raise RunInterrupted(f"stopped after version {last}: {where}")
 
-        after = evaluate(handle, tokenizer, held_out, cfg.rollout.max_new_tokens,
-                         **eval_options(cfg)) \
+        after = evaluate(handle, tokenizer, held_out, cfg) \
             if cfg.run.eval_after else None
         if after:
             print(f"[areal-ray] eval after: {eval_line(after)}", flush=True)

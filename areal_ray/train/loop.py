@@ -188,7 +188,7 @@ def train_loop_per_worker(config: dict) -> None:
             accept=informative if cfg.algo.dynamic_filter.enabled else has_samples,
             next_ticket=state["next_ticket"],
             on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
-    recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.of(cfg).seed) \
+    recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.from_config(cfg).seed) \
         if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
     pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"],
                           owner=tag_of_driver(config["driver_name"]) or "")

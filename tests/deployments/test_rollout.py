@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
+from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.weights.push import WeightPusher
 from areal_ray.weights.encoding import digest
 from deployments.rollout import build_app
@@ -50,6 +51,11 @@ def driver(ray_cluster):
     ray.kill(handle)
 
 
+def req(ids: list[int], budget: int) -> GenerationRequest:
+    """A request that generates its whole budget (what the replica's methods take)."""
+    return GenerationRequest(ids, budget, 1.0, ignore_eos=True)
+
+
 def replica_stats(handle, n: int, timeout_s: float = 90.0) -> dict[str, dict]:
     return replica_reports(handle, n, "stats", timeout_s)
 
@@ -60,7 +66,7 @@ def test_hundreds_of_concurrent_requests_all_complete(deploy):
     budgets = [rng.randint(1, 40) for _ in range(240)]
 
     async def fire():
-        return await asyncio.gather(*[handle.generate.remote([5, 6, 7 + i % 9], n, 1.0, True)
+        return await asyncio.gather(*[handle.generate.remote(req([5, 6, 7 + i % 9], n))
                                       for i, n in enumerate(budgets)])
 
     results = asyncio.run(fire())
@@ -80,11 +86,11 @@ def test_short_requests_are_routed_away_from_a_long_one(deploy):
     replica_stats(handle, 2)  # both up
 
     # a batch call (what the rollout stage sends per group) counts its summed budget
-    long = handle.generate_batch.remote([[5, 6], [5, 7]], [50_000, 50_000], 1.0, True)
+    long = handle.generate_batch.remote([req([5, 6], 50_000), req([5, 7], 50_000)])
     t0 = time.time()
     while not any(s["running"] for s in replica_stats(handle, 2).values()):
         assert time.time() - t0 < 60, "the long request never started"
-    shorts = [handle.generate.remote([5, 6], 4, 1.0, True).result() for _ in range(6)]
+    shorts = [handle.generate.remote(req([5, 6], 4)).result() for _ in range(6)]
     assert all(len(r["output_ids"]) == 4 for r in shorts)
     stats = replica_stats(handle, 2).values()
     (busy,) = [s for s in stats if s["running"]]  # the long request is still running there
@@ -112,7 +118,7 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deplo
 
     def keep_busy():
         while not stop.is_set():
-            handle.generate.remote([5, 6], 250, 1.0, True).result()
+            handle.generate.remote(req([5, 6], 250)).result()
     demand = [threading.Thread(target=keep_busy, daemon=True) for _ in range(24)]
     for t in demand:
         t.start()
@@ -126,7 +132,7 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deplo
     assert stats[new]["version"] == 2 and [u["version"] for u in stats[new]["updates"]] == [2]
     assert set(replica_digests(handle, 2).values()) == {(2, digest(model.state_dict()))}
     assert set(ray.get(drv.replicas.remote())) == set(stats)
-    results = [handle.generate.remote([5, 6], 8, 1.0, True) for _ in range(40)]
+    results = [handle.generate.remote(req([5, 6], 8)) for _ in range(40)]
     assert all(r.result()["versions"] == [2] * 8 for r in results)
     assert replica_stats(handle, 2)[new]["requests"] > 0  # the new replica served them
 
@@ -138,7 +144,7 @@ def test_rolling_updates_swap_one_replica_at_a_time(driver, deploy, embedded_mod
     replica_stats(handle, 2)
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
     pusher = WeightPusher(WeightsConfig(path="object_store"), drv, 0, str(tmp_path))
-    load = [handle.generate.remote([5, 6], 200, 1.0, True) for _ in range(16)]  # busy replicas
+    load = [handle.generate.remote(req([5, 6], 200)) for _ in range(16)]  # busy replicas
     for version in (1, 2, 3):
         perturb(model, version)
         _, stats = pusher.push(model, version)

@@ -24,11 +24,12 @@ from transformers import AutoModelForCausalLM
 
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
+from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.interruptible import generate_group
 from areal_ray.weights.push import WeightPusher
 from areal_ray.weights.encoding import digest
 from deployments.rollout import build_app
-from tests.deployments.test_rollout import replica_stats
+from tests.deployments.test_rollout import replica_stats, req
 from tests.weights.test_push import perturb, replica_reports
 
 pytest.importorskip("vllm")
@@ -73,7 +74,7 @@ def two_replicas(app) -> dict[str, dict]:
 
         async def worker():
             while not done.is_set():
-                await handle.generate.remote([5, 6], 240, 1.0, True)
+                await handle.generate.remote(req([5, 6], 240))
 
         async def watch():
             deadline = time.time() + 240
@@ -112,7 +113,7 @@ def test_hundreds_of_concurrent_requests_complete_across_both_replicas(app):
     # full suite a replica can be briefly out of the router's set (a full CI run once
     # sent one whole wave to one replica); every request must still complete.
     for _ in range(3):
-        results = [handle.generate.remote([5, 6, 7], 16, 1.0, True) for _ in range(200)]
+        results = [handle.generate.remote(req([5, 6, 7], 16)) for _ in range(200)]
         assert all(len(r.result(timeout_s=300)["output_ids"]) == 16 for r in results)
         after = replica_stats(handle, 2)
         served = {k: after[k]["requests"] - before.get(k, 0) for k in after}
@@ -143,7 +144,8 @@ def test_a_push_during_generation_interrupts_it_and_samples_resume_at_the_new_ve
     v0 = app["version"]
 
     async def generate(ids_list, budgets, temperature):  # per request: spread over both replicas
-        return await asyncio.gather(*[handle.generate.remote(ids, budget, temperature, True)
+        return await asyncio.gather(*[handle.generate.remote(
+            GenerationRequest(ids, budget, temperature, ignore_eos=True))
                                       for ids, budget in zip(ids_list, budgets)])
 
     async def scenario():

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from areal_ray.config import RewardConfig
 from areal_ray.reward.pool import RewardStage, TimedChecker, graded, reason_kind
 from areal_ray.types import Group, Sample
 
@@ -49,7 +50,7 @@ def test_reward_stage_grades_each_sample():
               samples=[Sample([1], [2], [-0.1], [0], "stop", text=t)
                        for t in ("1+1=2.\\boxed{2}", "\\boxed{3}", "garbage")])
     row = g.to_row()
-    stage = RewardStage(timeout_s=5)
+    stage = RewardStage(RewardConfig(timeout_s=5))
     out = stage({"ticket": [row["ticket"]], "group": [row["group"]]})
     got = Group.from_row({"ticket": out["ticket"][0], "group": out["group"][0]})
     assert [s.reward for s in got.samples] == [1.0, 0.0, 0.0]

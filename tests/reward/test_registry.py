@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from areal_ray.config import load_config
+from areal_ray.config import RewardConfig, load_config
 from areal_ray.plugins import PluginError, check_plugins
 from areal_ray.reward.pool import RewardStage, TimedChecker, check
 from areal_ray.reward.registry import BUILTIN, CheckerRegistry, RewardChecker, check_checkers, verifier_names
@@ -63,11 +63,11 @@ def test_the_reward_stage_reaches_an_extra_checker_in_its_checker_process():
     g = Group(ticket=1, uid="u", prompt="p", answer="3", verifier="length", admitted_version=0,
               samples=[Sample([1], [2], [-0.1], [0], "stop", text=t) for t in ("abc", "ab")])
     row = g.to_row()
-    stage = RewardStage(timeout_s=30, checkers={"length": f"{HERE}.LengthChecker"})
+    stage = RewardStage(RewardConfig(timeout_s=30, checkers={"length": f"{HERE}.LengthChecker"}))
     try:
         out = stage({"ticket": [row["ticket"]], "group": [row["group"]]})
     finally:
-        stage.checker.close()
+        stage.grader.close()
     got = Group.from_row({"ticket": out["ticket"][0], "group": out["group"][0]})
     assert [(s.reward, s.reward_reason) for s in got.samples] == [(1.0, "length 3"), (0.0, "length 2")]
 

@@ -7,6 +7,7 @@ import pytest
 from ray.exceptions import ActorDiedError
 
 from areal_ray.rollout.engine_client import REPLICA_RETRIES, EngineClient
+from areal_ray.rollout.engines.base import GenerationRequest
 
 
 class _Method:
@@ -41,8 +42,23 @@ def client(app, **kw) -> EngineClient:
 def test_a_call_outlives_lost_replicas_and_goes_again_unchanged():
     app = DyingApp(deaths=3)
     out = asyncio.run(client(app).generate_batch([[1, 2]], [5], 0.7))
-    assert out == {"method": "generate_batch", "args": ([[1, 2]], [5], 0.7)}
-    assert app.calls == [("generate_batch", ([[1, 2]], [5], 0.7))] * 4
+    sent = ([GenerationRequest([1, 2], 5, 0.7)],)
+    assert out == {"method": "generate_batch", "args": sent}
+    assert app.calls == [("generate_batch", sent)] * 4
+
+
+def test_requests_travel_as_typed_requests_not_positional_arguments():
+    """What the replica admits and the router reads the budget of (router.request_cost)."""
+    app = DyingApp(deaths=0)
+    c = client(app)
+    (reqs,) = asyncio.run(c.generate_batch([[1], [2, 3]], [4, 9], 0.5, stop_ids=[7],
+                                           seeds=[11, None]))["args"]
+    assert reqs == [GenerationRequest([1], 4, 0.5, stop_ids=[7], seed=11),
+                    GenerationRequest([2, 3], 9, 0.5, stop_ids=[7], seed=None)]
+    (req,) = asyncio.run(c.generate([1], 4, 1.0, seed=3))["args"]
+    assert req == GenerationRequest([1], 4, 1.0, seed=3)
+    with pytest.raises(ValueError, match="2 prompts but 1 max_new_tokens"):
+        asyncio.run(c.generate_batch([[1], [2]], [4], 1.0))
 
 
 def test_each_app_method_is_called_by_name():
@@ -50,7 +66,7 @@ def test_each_app_method_is_called_by_name():
     c = client(app)
     assert asyncio.run(c.encode("1+1="))["args"] == ("1+1=",)
     assert asyncio.run(c.decode_batch([[3]]))["method"] == "decode_batch"
-    assert asyncio.run(c.generate([1], 4, 1.0))["args"] == ([1], 4, 1.0)
+    assert asyncio.run(c.generate([1], 4, 1.0))["args"] == (GenerationRequest([1], 4, 1.0),)
 
 
 def test_an_app_that_stays_gone_fails_after_the_retries():

@@ -27,9 +27,9 @@ class SeedRecordingApp(InProcessApp):
         self.seen: list = []
         inner = self.generate_batch.fn
 
-        async def record(ids_list, budgets, temperature, *extra):
-            self.seen.append(extra[2] if len(extra) > 2 else None)
-            return await inner(ids_list, budgets, temperature, *extra)
+        async def record(requests):
+            self.seen.append([r.seed for r in requests])
+            return await inner(requests)
         self.generate_batch.fn = record
 
 
@@ -40,6 +40,6 @@ def test_single_turn_workflow_seeds_each_sample(random_model_dir, seed):
     flow = build_workflow(SINGLE_TURN, EpisodeConfig(3, 4, 1.0, seed=seed))
     asyncio.run(flow.arun_episode(EngineClient(app), ROW))
     if seed is None:
-        assert app.seen == [None]
+        assert app.seen == [[None] * 3]
     else:
         assert app.seen == [[request_seed(5, ROW["pos"], i, 0) for i in range(3)]]

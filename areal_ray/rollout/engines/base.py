@@ -39,6 +39,10 @@ PAUSE_MODES = ("abort", "wait")
 
 @dataclass
 class GenerationRequest:
+    """One generation request, and its wire form: the engine client sends these to the
+    replica's `generate`/`generate_batch` over the Serve handle, and the router reads
+    their `max_new_tokens` (rollout/router.py). A plain dataclass: it pickles as its
+    fields, and this module imports nothing heavy, so the caller stays light."""
     input_ids: list[int]
     max_new_tokens: int
     temperature: float = 1.0  # 0 means greedy

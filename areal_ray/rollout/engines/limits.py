@@ -65,6 +65,9 @@ class RequestLimits:
     def admit(self, req: GenerationRequest) -> GenerationRequest:
         """`req` as an engine may run it: ids as plain ints, the budget cut to what the
         context leaves after the prompt. Raises RequestRejected naming the problem."""
+        if not isinstance(req, GenerationRequest):  # e.g. a caller still sending positional args
+            raise RequestRejected(f"a generation request is a GenerationRequest "
+                                  f"(areal_ray.rollout.engines.base), got {type(req).__name__}")
         ids = self.token_ids(req.input_ids, "prompt token")
         if not ids:
             raise RequestRejected("a generation request needs at least one prompt token")

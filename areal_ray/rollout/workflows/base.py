@@ -40,7 +40,9 @@ ABANDONED = "abandoned_after_s"  # Group.meta key of a row whose episode passed 
 
 @dataclass(frozen=True)
 class EpisodeConfig:
-    """What every workflow gets from the run config (`rollout.*`)."""
+    """What every workflow gets from the run config (`rollout.*`): built by
+    `from_config` wherever a run builds one (the rollout stage, evaluation, the
+    plugin check), so a setting reaches every workflow the same way."""
     group_size: int  # samples per prompt
     max_new_tokens: int  # generation budget per sample (per turn for multi-turn ones)
     temperature: float
@@ -49,7 +51,7 @@ class EpisodeConfig:
     seed: int | None = None
 
     @classmethod
-    def of(cls, cfg) -> EpisodeConfig:
+    def from_config(cls, cfg) -> EpisodeConfig:
         """From the run config (`rollout.*`; `train.seed` when `run.deterministic`)."""
         r = cfg.rollout
         return cls(r.group_size, r.max_new_tokens, r.temperature,

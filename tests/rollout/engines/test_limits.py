@@ -101,6 +101,11 @@ Replica = RolloutServer.func_or_class
 GOOD = [[5 + i, 6, 7] for i in range(3)]
 
 
+def full(ids: list[int], budget: int) -> GenerationRequest:
+    """A request that generates its whole budget."""
+    return GenerationRequest(ids, budget, 1.0, ignore_eos=True)
+
+
 async def until_running(engine, n, limit_s=60.0):
     """Until `n` requests run (a liveness bound, not a speed assertion)."""
     loop = asyncio.get_running_loop()
@@ -119,11 +124,11 @@ def test_a_bad_batch_is_refused_to_its_caller_while_another_callers_batch_comple
     engine.version = 4
 
     async def scenario():
-        good = asyncio.ensure_future(Replica.generate_batch(replica, GOOD, [150] * 3, 1.0, True))
+        good = asyncio.ensure_future(Replica.generate_batch(replica, [full(ids, 150) for ids in GOOD]))
         await until_running(engine, len(GOOD))
         prefills = engine.load()["prefills"]
         with pytest.raises(ValueError, match=r"request 1 of 2: prompt token 1 is id -?\d+, outside"):
-            await Replica.generate_batch(replica, [[5, 6], bad_ids], [4, 4], 1.0, True)
+            await Replica.generate_batch(replica, [full([5, 6], 4), full(bad_ids, 4)])
         assert engine.load()["prefills"] == prefills  # nothing of the refused call reached the engine
         return await good
 
@@ -136,12 +141,12 @@ def test_a_bad_single_request_is_refused_and_a_long_budget_is_cut_to_the_context
     engine = replica.engine
 
     async def scenario():
-        good = asyncio.ensure_future(Replica.generate(replica, [5, 6], 1000, 1.0, True))
+        good = asyncio.ensure_future(Replica.generate(replica, full([5, 6], 1000)))
         await until_running(engine, 1)
         with pytest.raises(ValueError, match="at least one prompt token"):
-            await Replica.generate(replica, [], 4)
+            await Replica.generate(replica, GenerationRequest([], 4))
         with pytest.raises(ValueError, match="seed must be"):
-            await Replica.generate(replica, [5], 4, 1.0, False, None, -7)
+            await Replica.generate(replica, GenerationRequest([5], 4, seed=-7))
         return await good
 
     res = asyncio.run(scenario())
@@ -158,7 +163,7 @@ def test_a_batch_whose_request_fails_in_the_engine_cancels_its_other_requests(re
 
     async def scenario():
         with pytest.raises(IndexError):
-            await Replica.generate_batch(replica, [[5, 6], [5, 10_000]], [250, 4], 1.0, True)
+            await Replica.generate_batch(replica, [full([5, 6], 250), full([5, 10_000], 4)])
         for _ in range(2000):
             if engine.load()["running"] == 0:
                 break
@@ -167,3 +172,8 @@ def test_a_batch_whose_request_fails_in_the_engine_cancels_its_other_requests(re
 
     load = asyncio.run(scenario())
     assert load["running"] == 0 and load["tokens"] < 250
+
+
+def test_anything_but_a_typed_request_is_refused_naming_the_type():
+    with pytest.raises(RequestRejected, match="GenerationRequest .* got list"):
+        RequestLimits(None, None).admit([5, 6])

@@ -205,9 +205,9 @@ def test_max_tokens_is_cut_to_the_runs_max_new_tokens(engine):
     budgets = []
     app = InProcessApp(engine)
 
-    async def recording(ids, n, *args):
-        budgets.append(list(n))
-        return await app._generate_batch(ids, n, *args)
+    async def recording(requests):
+        budgets.append([r.max_new_tokens for r in requests])
+        return await app._generate_batch(requests)
 
     app.generate_batch = _Method(recording)
     svc = service(engine, max_tokens_cap=3, app=app)
@@ -331,13 +331,13 @@ def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
                              "rollout.openai.max_session_bytes=4096", "rollout.openai.max_sessions=5"])
     cfg.rollout.engine_kwargs = engine_kwargs
     with pytest.raises(ValueError, match="api_key is empty"):
-        EndpointOptions.from_config(load_config(None, []))
+        EndpointOptions.from_config(load_config(None, []).rollout)
     user_class = OpenAIServer.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
     assert user_class.__name__ == "OpenAIServer"
     server = SimpleNamespace()
-    user_class.__init__(server, None, random_model_dir, EndpointOptions.from_config(cfg))
+    user_class.__init__(server, None, random_model_dir, EndpointOptions.from_config(cfg.rollout))
     svc = server.service
     assert svc.limits == RequestLimits(87, context) and svc.max_tokens_cap == 12
     assert svc.defaults.max_tokens == 12
     assert (svc.store.max_session_bytes, svc.store.max_sessions) == (4096, 5)
-    assert server.guard.api_key == KEY and KEY not in repr(EndpointOptions.from_config(cfg))
+    assert server.guard.api_key == KEY and KEY not in repr(EndpointOptions.from_config(cfg.rollout))

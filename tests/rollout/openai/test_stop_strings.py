@@ -51,10 +51,9 @@ class ScriptApp:
         self.generate_batch = _Method(self._generate_batch)
         self.calls = 0
 
-    async def _generate_batch(self, ids_list, budgets, temperature, ignore_eos=False, stop_ids=(),
-                              seeds=None):
+    async def _generate_batch(self, requests):
         self.calls += 1
-        (ids,), (budget,) = ids_list, budgets
+        ((ids, budget, stop_ids),) = [(r.input_ids, r.max_new_tokens, r.stop_ids) for r in requests]
         rest = self.script[len(ids) - self.n_prompt:][:budget]
         cut = next((i + 1 for i, t in enumerate(rest) if t in stop_ids), len(rest))
         out = rest[:cut]

@@ -153,10 +153,10 @@ class ScriptedApp:
         self.tok, self.outputs = tokenizer, list(outputs)
         self.generate_batch = _Method(self._generate_batch)
 
-    async def _generate_batch(self, ids_list, budgets, temperature, *_):
+    async def _generate_batch(self, requests):
         out = self.tok(self.outputs.pop(0), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
         return [{"output_ids": out, "logprobs": [-0.5] * len(out), "versions": [7] * len(out),
-                 "stop_reason": "stop"} for _ in ids_list]
+                 "stop_reason": "stop"} for _ in requests]
 
 
 def scripted_service(tokenizer, parser, outputs):

@@ -44,12 +44,8 @@ class InProcessApp:
     async def _decode_batch(self, ids):
         return self.engine.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    async def _generate_batch(self, ids_list, budgets, temperature, ignore_eos=False, stop_ids=(),
-                              seeds=None):
-        seeds = seeds or [None] * len(ids_list)
-        results = await asyncio.gather(*[self.engine.generate(GenerationRequest(ids, n, temperature, stop_ids=list(stop_ids),
-                                                                                seed=seed))
-                                         for ids, n, seed in zip(ids_list, budgets, seeds)])
+    async def _generate_batch(self, requests: list[GenerationRequest]):
+        results = await asyncio.gather(*[self.engine.generate(r) for r in requests])
         return [r.to_dict() for r in results]
 
 
@@ -92,9 +88,9 @@ def test_the_workflow_is_built_with_the_config_and_its_kwargs():
     cfg = EpisodeConfig(2, 8, 0.5)
     w = build_workflow(f"{__name__}.Tagging", cfg, {"tag": "t1"})
     assert w.config is cfg and w.tag == "t1"
-    assert EpisodeConfig.of(load_config(None, ["rollout.group_size=4"])) == \
+    assert EpisodeConfig.from_config(load_config(None, ["rollout.group_size=4"])) == \
         EpisodeConfig(4, 96, 1.0)
-    assert EpisodeConfig.of(load_config(None, ["run.deterministic=true", "train.seed=7"])) == \
+    assert EpisodeConfig.from_config(load_config(None, ["run.deterministic=true", "train.seed=7"])) == \
         EpisodeConfig(8, 96, 1.0, seed=7)
 
 

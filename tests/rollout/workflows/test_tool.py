@@ -163,10 +163,9 @@ class ScriptedApp:
         return {"output_ids": [ord(c) for c in text], "logprobs": [-0.1] * len(text),
                 "versions": [0] * len(text), "stop_reason": reason}
 
-    async def _generate_batch(self, ids_list, budgets, temperature, ignore_eos=False, stop_ids=(),
-                              seeds=None):
+    async def _generate_batch(self, requests):
         await asyncio.sleep(0)
-        return [self._next(ids, n, set(stop_ids)) for ids, n in zip(ids_list, budgets)]
+        return [self._next(r.input_ids, r.max_new_tokens, set(r.stop_ids)) for r in requests]
 
 
 # (the model's tool call, the tool to add, the start of the result it gets)
