@@ -65,7 +65,7 @@ class Group:
         return {"ticket": self.ticket, "group": json.dumps(asdict(self))}
 
     @staticmethod
-    def from_row(row: dict) -> "Group":
+    def from_row(row: dict) -> Group:
         d = json.loads(row["group"])
         d["samples"] = [Sample(**s) for s in d["samples"]]
         return Group(**d)

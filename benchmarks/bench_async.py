@@ -200,8 +200,8 @@ def summary_line(report: dict) -> str:
 
 
 def run_bench(c: BenchAsyncConfig, argv: list[str]) -> dict:
-    from areal_ray.run.job import run_training
     from areal_ray.observe.tracking import lineage, read_events
+    from areal_ray.run.job import run_training
 
     out = Path(c.out)
     root = out.parent / f"{out.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

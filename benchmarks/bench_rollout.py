@@ -49,9 +49,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from areal_ray.config import opt
-from areal_ray.rollout.engines.base import EngineOptions
+from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
-from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.interruptible import generate_interruptible
 from areal_ray.task.tiny_model import TinyModelSpec, qwen2_config
 from areal_ray.task.tokenizer import save_char_tokenizer

@@ -35,8 +35,6 @@ import ray
 import torch
 
 from areal_ray.config import opt
-from areal_ray.weights.receivers import WeightReceiver
-from areal_ray.weights.payloads import CollectivePayload, DiskPayload
 from areal_ray.weights.encoding import (
     SharedMemoryWeights,
     WeightGroup,
@@ -45,6 +43,8 @@ from areal_ray.weights.encoding import (
     memcpy_bandwidth,
     put_state,
 )
+from areal_ray.weights.payloads import CollectivePayload, DiskPayload
+from areal_ray.weights.receivers import WeightReceiver
 from jobs.cli import job_config
 
 ELEMS_PER_TENSOR = 4_000_000

@@ -38,9 +38,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from areal_ray.rollout.openai.auth import RequestGuard
 from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.rollout.openai.auth import RequestGuard
 from areal_ray.rollout.openai.protocol import APIError, Defaults
 from areal_ray.rollout.openai.service import OpenAIService
 from areal_ray.rollout.openai.sessions import SessionStore

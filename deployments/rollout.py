@@ -30,15 +30,15 @@ import torch
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import Config
 from areal_ray.observe.metrics import ReplicaMetrics
-from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
-from areal_ray.weights.receivers import WeightReceiver
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights.encoding import NCCL_ENV
+from areal_ray.weights.receivers import WeightReceiver
 
 logger = logging.getLogger("ray.serve")
 
@@ -65,7 +65,7 @@ class ServerOptions:
     run_name: str  # the `run` tag of this replica's dashboard metrics
 
     @classmethod
-    def from_config(cls, cfg) -> "ServerOptions":
+    def from_config(cls, cfg) -> ServerOptions:
         r = cfg.rollout
         # run.deterministic: a row's numerics must not depend on what else runs (the hf
         # engine's one-cohort-per-request layout, docs/reproducibility.md)

@@ -18,9 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.cli import job_config
-
 from areal_ray.config import opt
+from jobs.cli import job_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

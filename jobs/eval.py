@@ -32,13 +32,13 @@ def run_eval(cfg) -> dict:
 
     from areal_ray.cluster.placement import check_placement, deploy_app
     from areal_ray.data.prompts import eval_rows
-    from areal_ray.run.eval import evaluate
+    from areal_ray.observe.tracking import params_of, use_experiment
     from areal_ray.reward.registry import check_checkers
     from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
     from areal_ray.reward.sandbox import check_sandbox
+    from areal_ray.run.eval import evaluate
     from areal_ray.run.job import init_ray, resolve_model
     from areal_ray.task.tokenizer import load_tokenizer
-    from areal_ray.observe.tracking import params_of, use_experiment
     from deployments.rollout import build_app
 
     model_path = resolve_model(cfg.eval.model_path or cfg.model.path,

@@ -368,8 +368,7 @@ def check_engine(c: GPUCheckConfig, dev: torch.device) -> dict:
 
 
 def check_one_gpu(c: GPUCheckConfig, dev: torch.device) -> dict:
-    from areal_ray.cluster.plan import (GIB, REPLICA, TRAINER, Node, demands, engine_gib, memory_plan,
-                                        place, trainer_gib)
+    from areal_ray.cluster.plan import GIB, REPLICA, TRAINER, Node, demands, engine_gib, memory_plan, place, trainer_gib
     if dev.type != "cuda":
         return {"status": "SKIP", "reason": "needs a GPU"}
     cfg = run_settings(c, dev)

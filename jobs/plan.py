@@ -19,8 +19,15 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from areal_ray.cluster.plan import (REPLICA, cluster_shape, demands, engine_fraction, memory_error,
-                                    memory_plan, place, placement_error)
+from areal_ray.cluster.plan import (
+    cluster_shape,
+    demands,
+    engine_fraction,
+    memory_error,
+    memory_plan,
+    place,
+    placement_error,
+)
 from areal_ray.config import ConfigError, load_config, opt
 
 SHAPE_KEYS = ("nodes", "cpus", "gpus", "gpu_memory_gib", "model_config", "out")

@@ -21,8 +21,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 from areal_ray.config import ConfigError
 

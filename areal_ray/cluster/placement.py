@@ -17,8 +17,7 @@ import time
 import ray
 from ray import serve
 
-from areal_ray.cluster.plan import (Node, Placement, demands, memory_error, memory_plan, place,
-                                    placement_error)
+from areal_ray.cluster.plan import Node, Placement, demands, memory_error, memory_plan, place, placement_error
 from areal_ray.config import ConfigError
 
 # Read by Ray Train's worker group, and propagated by Ray Train from the job's process

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from areal_ray.train.memory import GIB, DTYPE_BYTES, DecoderShape, trainer_memory
+from areal_ray.train.memory import DTYPE_BYTES, GIB, DecoderShape, trainer_memory
 
 MARGIN = 0.1  # of each GPU left free: fragmentation, NCCL buffers, what no model counts
 # Engine memory outside its configured fraction or model: sglang's CUDA graphs, sampler
@@ -43,7 +43,7 @@ class Node:
     gpu_memory_gib: float = 0.0  # 0: unknown (Ray does not report it)
 
     @classmethod
-    def from_ray(cls, info: dict) -> "Node":
+    def from_ray(cls, info: dict) -> Node:
         """A node of `ray.nodes()`."""
         res = info.get("Resources", {})
         return cls(info.get("NodeManagerAddress") or info.get("NodeID", "?")[:8],

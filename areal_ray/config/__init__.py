@@ -13,11 +13,31 @@ holds `Config` and the checks across sections; `choices` the enums of the named 
 unpickled in processes that never touch a tensor (tests/test_light_imports.py).
 """
 
-from areal_ray.config.algo import (AdvantageConfig, AlgoConfig, CriticConfig, DynamicFilterConfig,
-                                   LossConfig, MicrobatchConfig, OptimConfig, RewardShapingConfig)
-from areal_ray.config.choices import (AdvEstimator, AdvNorm, Batching, Choice, CollectiveBackend,
-                                      ImportanceLevel, KlEstimator, LrSchedule, MasterDtype, ProxLogp,
-                                      RolloutBackend, Router, WeightPath)
+from areal_ray.config.algo import (
+    AdvantageConfig,
+    AlgoConfig,
+    CriticConfig,
+    DynamicFilterConfig,
+    LossConfig,
+    MicrobatchConfig,
+    OptimConfig,
+    RewardShapingConfig,
+)
+from areal_ray.config.choices import (
+    AdvEstimator,
+    AdvNorm,
+    Batching,
+    Choice,
+    CollectiveBackend,
+    ImportanceLevel,
+    KlEstimator,
+    LrSchedule,
+    MasterDtype,
+    ProxLogp,
+    RolloutBackend,
+    Router,
+    WeightPath,
+)
 from areal_ray.config.eval import EvalConfig
 from areal_ray.config.load import help_lines, load_config, to_dict, validate
 from areal_ray.config.model import ModelConfig

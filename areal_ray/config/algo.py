@@ -9,11 +9,17 @@ shaping, DAPO's dynamic filter and micro-batching.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from areal_ray.algo.losses import DEFAULT as DEFAULT_LOSS
-from areal_ray.config.choices import (AdvEstimator, AdvNorm, ImportanceLevel, KlEstimator,
-                                      LrSchedule, PolicyLoss, ProxLogp)
+from areal_ray.config.choices import (
+    AdvEstimator,
+    AdvNorm,
+    ImportanceLevel,
+    KlEstimator,
+    LrSchedule,
+    PolicyLoss,
+    ProxLogp,
+)
 from areal_ray.config.section import opt, require, section
 
 
@@ -22,9 +28,9 @@ class LossConfig:
     name: PolicyLoss = opt(PolicyLoss(DEFAULT_LOSS), "the policy loss, by its name in areal_ray/algo/losses.py (docs/extending.md); decoupled_ppo: the (decoupled) PPO objective the keys below tune")
     decoupled: bool = opt(True, "decoupled PPO (recomputed proximal policy); false: plain PPO on behaviour logprobs")
     eps_clip: float = opt(0.2, "PPO clip epsilon (low side)")
-    eps_clip_high: Optional[float] = opt(None, "PPO clip epsilon, high side (DAPO clip-higher); null: eps_clip")
-    dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1; null: off")
-    behav_imp_weight_cap: Optional[float] = opt(5.0, "mask tokens whose pi_prox/pi_behav exceeds this; null: no cap")
+    eps_clip_high: float | None = opt(None, "PPO clip epsilon, high side (DAPO clip-higher); null: eps_clip")
+    dual_clip: float | None = opt(None, "dual-clip constant c > 1; null: off")
+    behav_imp_weight_cap: float | None = opt(5.0, "mask tokens whose pi_prox/pi_behav exceeds this; null: no cap")
     importance_level: ImportanceLevel = opt(ImportanceLevel.token, "PPO ratio per token, or per sequence (GSPO: geometric mean over the sequence)")
     prox_logp: ProxLogp = opt(ProxLogp.recompute, "proximal logprobs with several minibatches: recompute (a no-grad forward) | loglinear (AReaL's approximation)")
     kl_coef: float = opt(0.0, "weight of a KL(pi_theta || pi_ref) loss term against the initial model; 0: no reference model")
@@ -46,7 +52,7 @@ class AdvantageConfig:
 @dataclass(kw_only=True)
 class CriticConfig:
     lr: float = opt(1e-4, "critic AdamW learning rate (algo.adv.estimator=gae)")
-    value_clip: Optional[float] = opt(0.2, "critic value clipping around the old values; null: off")
+    value_clip: float | None = opt(0.2, "critic value clipping around the old values; null: off")
 
 
 @dataclass(kw_only=True)
@@ -66,7 +72,7 @@ class OptimConfig:
 class RewardShapingConfig:
     bias: float = opt(0.0, "reward transform r' = clip((r + bias) * scale)")
     scale: float = opt(1.0, "reward transform scale")
-    clip: Optional[float] = opt(None, "reward transform clip |r'| <= clip; null: none")
+    clip: float | None = opt(None, "reward transform clip |r'| <= clip; null: none")
     overlong_tokens: int = opt(0, "DAPO overlong penalty ramp (tokens before rollout.max_new_tokens); 0: off")
     overlong_factor: float = opt(1.0, "DAPO overlong penalty at rollout.max_new_tokens")
 

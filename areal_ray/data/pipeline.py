@@ -31,8 +31,14 @@ from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
 from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
 from areal_ray.rollout.engine_client import EngineClient
-from areal_ray.rollout.workflows.base import (SINGLE_TURN, EpisodeConfig, abandoned, build_workflow,
-                                       check_episode, group_of)
+from areal_ray.rollout.workflows.base import (
+    SINGLE_TURN,
+    EpisodeConfig,
+    abandoned,
+    build_workflow,
+    check_episode,
+    group_of,
+)
 from areal_ray.types import Group
 
 logger = logging.getLogger(__name__)

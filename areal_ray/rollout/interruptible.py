@@ -10,7 +10,7 @@ is still aborted when its budget is used up ends with stop reason "length".
 from __future__ import annotations
 
 import functools
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from areal_ray.types import Sample
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -37,7 +38,7 @@ class StopOnInterrupt:
                     "(Ctrl-C again to stop at once)")
         self.request_stop()
 
-    def __enter__(self) -> "StopOnInterrupt":
+    def __enter__(self) -> StopOnInterrupt:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self

@@ -26,33 +26,42 @@ from transformers import AutoModelForCausalLM
 from areal_ray.cluster.attention import check_attention
 from areal_ray.cluster.cleanup import sweep
 from areal_ray.cluster.ownership import Owned, new_tag
-from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
-                                         deploy_app, train_start_problem)
+from areal_ray.cluster.placement import (
+    PlacementError,
+    bound_train_start,
+    check_placement,
+    deploy_app,
+    train_start_problem,
+)
 from areal_ray.cluster.system_config import system_config
 from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
-from areal_ray.rollout.workflows.agent import resolve_endpoint
-from areal_ray.rollout.workflows.base import SINGLE_TURN
-from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
+from areal_ray.observe.progress import StepProgress
+from areal_ray.observe.tracking import RunTracker, lineage, read_events
+from areal_ray.observe.utilization import length_stats, rollout_idle, steady_state
 from areal_ray.plugins import check_plugins
 from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
 from areal_ray.reward.sandbox import check_sandbox
-from areal_ray.weights.encoding import NCCL_ENV
+from areal_ray.rollout.workflows.agent import resolve_endpoint
+from areal_ray.rollout.workflows.base import SINGLE_TURN
 from areal_ray.run.eval import evaluate
 from areal_ray.run.event_loop import off_event_loop
 from areal_ray.run.interrupt import RunInterrupted, StopOnInterrupt, in_worker_thread
-from areal_ray.observe.progress import StepProgress
-from areal_ray.task.tokenizer import load_tokenizer
-from areal_ray.observe.tracking import RunTracker, lineage, read_events
 from areal_ray.run.resume import check_resume_config
-from areal_ray.train.checkpoint import (checkpoint_dirs, latest_checkpoint, nothing_to_resume,
-                                        read_trainer_state, save_hf)
+from areal_ray.task.tokenizer import load_tokenizer
+from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
+from areal_ray.train.checkpoint import (
+    checkpoint_dirs,
+    latest_checkpoint,
+    nothing_to_resume,
+    read_trainer_state,
+    save_hf,
+)
 from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
-from areal_ray.observe.utilization import length_stats, rollout_idle, steady_state
-from areal_ray.weights.encoding import state_from
+from areal_ray.weights.encoding import NCCL_ENV, state_from
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 

@@ -49,11 +49,11 @@ from areal_ray.train.checkpoint import (
 from areal_ray.train.critic import load_critic
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
-from areal_ray.weights.push import WeightPusher
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
 from areal_ray.types import Group
 from areal_ray.weights.encoding import put_state
+from areal_ray.weights.push import WeightPusher
 
 
 def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,

@@ -41,7 +41,7 @@ class DecoderShape:
     qkv_bias: bool
 
     @classmethod
-    def from_hf(cls, config) -> "DecoderShape":
+    def from_hf(cls, config) -> DecoderShape:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return cls(hidden=config.hidden_size, intermediate=config.intermediate_size,

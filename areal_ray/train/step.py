@@ -44,13 +44,13 @@ from areal_ray.algo.proximal import loglinear_proximal_logprobs
 from areal_ray.algo.value import value_loss
 from areal_ray.train.batching import (
     all_reduce,
-    uses_varlen,
     build_microbatches,
     empty_forward,
     forward_logprobs,
     rank_share,
     split_minibatches,
     to_device,
+    uses_varlen,
 )
 from areal_ray.train.critic import forward_values, write_gae_targets
 from areal_ray.train.fsdp import model_device

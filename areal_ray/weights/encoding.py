@@ -33,11 +33,10 @@ from pathlib import Path
 import torch
 
 from areal_ray.cluster.ownership import Owned
-from areal_ray.weights.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 from areal_ray.weights.group import NCCL_ENV, WeightGroup, free_port  # noqa: F401 - re-exported
 from areal_ray.weights.payloads import ObjectStorePayload, ShmPayload
 from areal_ray.weights.staging import staging_dir
-
+from areal_ray.weights.tensor_spec import TensorSpec, plan_buckets  # noqa: F401 - re-exported
 
 
 def manifest_of(state: Iterable[tuple[str, torch.Tensor]], dtype: str = "") -> list[TensorSpec]:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from areal_ray.weights.tensor_spec import plan_buckets
+from areal_ray.weights.encoding import read_shared, state_from
 from areal_ray.weights.group import WeightGroup
 from areal_ray.weights.payloads import (
     CollectivePayload,
@@ -33,7 +33,7 @@ from areal_ray.weights.payloads import (
     ShmPayload,
     WeightPayload,
 )
-from areal_ray.weights.encoding import read_shared, state_from
+from areal_ray.weights.tensor_spec import plan_buckets
 
 StateDict = dict[str, torch.Tensor]
 Bucket = list[tuple[str, torch.Tensor]]

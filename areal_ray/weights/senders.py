@@ -36,9 +36,9 @@ import torch
 
 from areal_ray.config import WeightsConfig
 from areal_ray.train.fsdp import full_state_dict
+from areal_ray.weights.encoding import SharedMemoryWeights, manifest_of, put_state
 from areal_ray.weights.group import WeightGroup
 from areal_ray.weights.payloads import DiskPayload, WeightPayload
-from areal_ray.weights.encoding import SharedMemoryWeights, manifest_of, put_state
 
 # What `weights.path=auto` chooses between, per push (`WeightPusher.choose_path`).
 AUTO_PATHS = ("shm", "collective")

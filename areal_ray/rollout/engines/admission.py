@@ -30,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
 
 from areal_ray.rollout.engines.base import InferenceEngine, check_pause_mode
 
@@ -102,7 +102,7 @@ class AdmissionGate:
             try:
                 await asyncio.wait_for(self._idle.wait(),
                                        self.abort_retry_s if mode == "abort" else None)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def resume(self) -> None:

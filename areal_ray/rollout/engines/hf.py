@@ -81,8 +81,8 @@ from areal_ray.config.choices import Batching
 from areal_ray.rollout.engines.base import (
     EngineOptions,
     GenerationRequest,
-    InferenceEngine,
     GenerationResult,
+    InferenceEngine,
     check_pause_mode,
 )
 from areal_ray.rollout.engines.kv_batch import KVBatch, new_cache

@@ -102,7 +102,7 @@ class KVBatch:
                                                      device=self.mask.device)], dim=1)
         return self.mask
 
-    def merge(self, other: "KVBatch") -> None:
+    def merge(self, other: KVBatch) -> None:
         """Append `other`'s rows; the narrower of the two is padded on the left."""
         if self.cache is None or self.size == 0:
             self.cache, self.mask, self.rows = other.cache, other.mask, list(other.rows)
@@ -141,7 +141,7 @@ class KVBatch:
                 layer.keys = layer.keys[..., :width, :]
                 layer.values = layer.values[..., :width, :]
 
-    def split(self) -> list["KVBatch"]:
+    def split(self) -> list[KVBatch]:
         """One batch per row that is not None, holding that row's cache without the
         columns that are padding in it; this batch is left as it was (the new layers
         are views of its tensors until their first update copies them into a buffer)."""

@@ -56,9 +56,9 @@ defaults stand (CUDA graphs, KV cache from `gpu_memory_utilization`) unless
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-import asyncio
 import os
 import uuid
 from pathlib import Path

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
-from typing import AsyncIterable
 
 from fastapi.security.utils import get_authorization_scheme_param
 

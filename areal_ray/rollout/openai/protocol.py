@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 IGNORED = {"user", "seed", "metadata", "store", "service_tier", "prompt_cache_key",
            "safety_identifier", "parallel_tool_calls", "stream_options", "modalities",

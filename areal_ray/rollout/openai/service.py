@@ -36,12 +36,21 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from areal_ray.rollout.interruptible import PartialSample, generate_rounds
 from areal_ray.rollout.engines.limits import RequestLimits, RequestRejected
-from areal_ray.rollout.openai.protocol import (APIError, Defaults, bad, completion_response,
-                                               chat_response, models_response, parse_chat,
-                                               parse_completion, parse_defaults, render_chat)
+from areal_ray.rollout.interruptible import PartialSample, generate_rounds
 from areal_ray.rollout.openai.auth import EndpointError
+from areal_ray.rollout.openai.protocol import (
+    APIError,
+    Defaults,
+    bad,
+    chat_response,
+    completion_response,
+    models_response,
+    parse_chat,
+    parse_completion,
+    parse_defaults,
+    render_chat,
+)
 from areal_ray.rollout.openai.sessions import SessionsFull, SessionStore, SessionTooLarge
 from areal_ray.rollout.openai.sse import EventStream, chat_chunks, completion_chunks
 from areal_ray.rollout.openai.stop_strings import run_to_stop_strings
@@ -54,7 +63,7 @@ if TYPE_CHECKING:
 MAX_SID_CHARS = 200
 # Letters, digits and `-_.:` (a uuid, a name with a counter): nothing that needs
 # escaping in a URL or a log line.
-SID = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_SID_CHARS)
+SID = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_SID_CHARS}}}")
 
 
 class OpenAIService:

@@ -19,7 +19,7 @@ A pause counts as a resubmission in the recorded call's `n_resubmits`.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from areal_ray.rollout.interruptible import PartialSample
 

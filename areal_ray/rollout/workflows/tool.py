@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from areal_ray.plugins import PluginError
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
-from areal_ray.rollout.workflows.tools import ToolCall, ToolRunner, build_tools, find_call
 from areal_ray.rollout.workflows.base import EpisodeConfig, group_of
+from areal_ray.rollout.workflows.tools import ToolCall, ToolRunner, build_tools, find_call
 from areal_ray.types import Group, Sample
 
 if TYPE_CHECKING:

@@ -210,7 +210,7 @@ class ToolRunner:
         threading.Thread(target=work, name=f"tool-{tool.name}", daemon=True).start()
         try:
             return await asyncio.wait_for(done, self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"error: {tool.name} timed out after {self.timeout_s:g} s"
 
 
