@@ -7,8 +7,8 @@ pass@1 and pass@k.
 The model (a run's `final_model/`, a checkpoint's `model/`, or the base model when
 `eval.model_path` is empty) is served by the same rollout Serve app as in training,
 without a driver, generated and graded as training does (the run's workflow and
-`reward.*` settings). Writes a JSON report
-and one MLflow run (the resolved config as params, the figures as metrics, the
+`reward.*` settings; with `rollout.openai.enabled` behind the OpenAI endpoint, which an
+agent workflow talks to). Writes a JSON report and one MLflow run (the resolved config as params, the figures as metrics, the
 report as an artifact).
 """
 
@@ -30,16 +30,16 @@ def run_eval(cfg) -> dict:
     import mlflow
     from ray import serve
 
-    from areal_ray.cluster.placement import check_placement, deploy_app
+    from areal_ray.cluster.placement import check_placement
     from areal_ray.data.prompts import eval_rows
     from areal_ray.observe.tracking import params_of, use_experiment
     from areal_ray.reward.registry import check_checkers
     from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
     from areal_ray.reward.sandbox import check_sandbox
+    from areal_ray.rollout.workflows.agent import resolve_endpoint
     from areal_ray.run.eval import evaluate
-    from areal_ray.run.job import init_ray, resolve_model
+    from areal_ray.run.job import init_ray, resolve_model, start_rollout_app
     from areal_ray.task.tokenizer import load_tokenizer
-    from deployments.rollout import build_app
 
     model_path = resolve_model(cfg.eval.model_path or cfg.model.path,
                                "eval.model_path" if cfg.eval.model_path else "model.path")
@@ -47,14 +47,15 @@ def run_eval(cfg) -> dict:
     out = Path(cfg.eval.out or f"runs/eval-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     check_sandbox(cfg)  # as training: model-written code runs isolated, or the config says it need not
     os.environ[SANDBOX_ENV] = cfg.reward.sandbox  # the workflow's tools follow it, as in training
+    resolve_endpoint(cfg)  # an agent workflow's base_url and key, as a run's
     init_ray(cfg)
     if cfg.run.check_placement:
         check_placement(cfg, training=False)
     tokenizer = load_tokenizer(model_path)
     app = f"areal-eval-{uuid.uuid4().hex[:8]}"
-    serve.start(proxy_location="Disabled")
     try:
-        handle = deploy_app(build_app(cfg, model_path), app, cfg.run.placement_timeout_s)
+        # the training run's app without a driver: the endpoint too where the config has it
+        handle = start_rollout_app(cfg, model_path, driver_name="", namespace="", app_name=app)
         # generated and graded as the run trains (rollout.*, reward.*): run/eval.py
         greedy = evaluate(handle, tokenizer, rows, cfg)
         ks = sorted({1, cfg.eval.k})
@@ -65,6 +66,8 @@ def run_eval(cfg) -> dict:
     metrics = {"greedy_pass@1": greedy["accuracy"],
                **{f"sampled_pass@{k}": sampled[f"pass@{k}"] for k in ks},
                "mean_len_greedy": greedy["mean_len"], "mean_len_sampled": sampled["mean_len"]}
+    if "tool_use_rate" in greedy:  # a tool or agent workflow: how often the greedy answers used tools
+        metrics["tool_use_rate_greedy"] = greedy["tool_use_rate"]
     report = {"model": model_path, "problems": len(rows), "k": cfg.eval.k,
               "temperature": cfg.eval.temperature, **metrics,
               "eval_s": greedy["eval_s"] + sampled["eval_s"]}

@@ -25,3 +25,29 @@ def test_eval_reports_pass_at_k_to_json_and_mlflow(ray_cluster, embedded_model, 
 def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
     assert main(["eval.model_path=" + str(tmp_path / "nope")]) == 2
     assert "eval.model_path" in (err := capsys.readouterr().err) and "no config.json" in err
+
+
+def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, tmp_path):
+    """conf/agent.yaml's workflow is an `openai`-client agent: jobs.eval must serve it the
+    run's OpenAI endpoint (URL and key filled in as a run does) and grade what it answers."""
+    import socket
+
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.shutdown()  # Serve's proxy is chosen when it starts: this job starts it with one
+    out, store = tmp_path / "eval.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    try:
+        assert main(["--config", "conf/agent.yaml", "task.n_eval=6", "eval.k=2",
+                     f"rollout.openai.port={port}", "rollout.openai.host=127.0.0.1",
+                     f"eval.out={out}", f"run.mlflow_tracking_uri={store}", "run.name=evalagent"]) == 0
+    finally:
+        serve.shutdown()
+    report = json.loads(out.read_text())
+    assert report["problems"] == 6
+    # the agent called the calculator through the endpoint's sessions: without the
+    # endpoint every episode would have failed and nothing would be graded
+    assert report["tool_use_rate_greedy"] > 0
+    assert 0 <= report["greedy_pass@1"] <= 1
