@@ -198,12 +198,13 @@ class SessionStore:
     must exceed the longest pause inside an episode."""
 
     def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 max_session_bytes: int | None = None):
+                 max_session_bytes: int | None = None, on_drop: Callable[[str], None] | None = None):
+        """`on_drop(sid)`: told of each session dropped after `ttl_s` idle."""
         if max_sessions < 1 or ttl_s <= 0 or (max_session_bytes is not None and max_session_bytes < 1):
             raise ValueError(f"max_sessions ({max_sessions}) must be >= 1, ttl_s ({ttl_s}) > 0 and "
                              f"max_session_bytes ({max_session_bytes}) >= 1")
         self.max_sessions, self.ttl_s, self.clock = max_sessions, ttl_s, clock
-        self.max_session_bytes = max_session_bytes
+        self.max_session_bytes, self.on_drop = max_session_bytes, on_drop
         self._sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
         self.dropped = 0
 
@@ -215,6 +216,8 @@ class SessionStore:
                 break
             del self._sessions[sid]
             self.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop(sid)
 
     def get(self, sid: str) -> Session | None:
         self._expire()
@@ -258,3 +261,7 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def __contains__(self, sid: str) -> bool:
+        """Whether `sid` is held (live or not yet expired); does not count as a use."""
+        return sid in self._sessions

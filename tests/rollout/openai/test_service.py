@@ -15,8 +15,8 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from starlette.requests import Request
 
-from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.rollout.openai.protocol import APIError, Defaults, stop_ids
@@ -243,10 +243,13 @@ def http_request(body: dict, key: str | None = KEY) -> Request:
 
 
 def handler(engine, max_request_bytes=1 << 20):
-    """The deployment's methods on a service, without Serve."""
+    """The deployment's methods on a service, without Serve: one shard."""
+    from areal_ray.rollout.openai.affinity import MemoryKV, SessionRegistry
     from areal_ray.rollout.openai.auth import RequestGuard
+    from deployments.openai_api import SessionShard
     cls = OpenAIServer.func_or_class
-    server = SimpleNamespace(service=service(engine), guard=RequestGuard(KEY, max_request_bytes))
+    local = SessionShard.of(service(engine), SessionRegistry(MemoryKV(), "t", "i0", "OpenAI-0#t"), "OpenAI-0#t")
+    server = SimpleNamespace(local=local, guard=RequestGuard(KEY, max_request_bytes), shards=[], n=1)
     server._serve = MethodType(cls._serve, server)
     return cls, server
 
@@ -271,7 +274,7 @@ def test_the_handler_checks_the_key_then_the_size_before_the_body(engine, key, s
     assert res.status_code == status
     if status != 200:
         assert json.loads(res.body)["error"]["message"]
-    assert (server.service.store.get("auth") is not None) == (status == 200)
+    assert (server.local.service.store.get("auth") is not None) == (status == 200)
 
 
 def test_a_full_store_is_a_429_and_session_ids_are_checked(engine):
@@ -336,7 +339,7 @@ def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
     assert user_class.__name__ == "OpenAIServer"
     server = SimpleNamespace()
     user_class.__init__(server, None, random_model_dir, EndpointOptions.from_config(cfg.rollout))
-    svc = server.service
+    svc = server.local.service
     assert svc.limits == RequestLimits(87, context) and svc.max_tokens_cap == 12
     assert svc.defaults.max_tokens == 12
     assert (svc.store.max_session_bytes, svc.store.max_sessions) == (4096, 5)

@@ -169,6 +169,30 @@ def test_the_run_fills_in_the_endpoint_url_and_key():
 
 
 
+def test_a_session_the_endpoint_lost_rejects_the_row(engine):  # noqa: F811
+    """A 410 (the endpoint replica holding a session restarted) on an agent's call or on
+    the fetch of its Samples: the row is rejected, not the run failed."""
+    from areal_ray.rollout.openai.affinity import SessionLost
+    svc, calls = service(engine), []
+    chat, session = svc.chat, svc.session
+
+    async def lose_the_second(sid, body):
+        calls.append(sid)
+        if len(calls) == 2:
+            raise SessionLost(sid, "OpenAI-1#dead")
+        return await chat(sid, body)
+    svc.chat = lose_the_second
+    assert asyncio.run(workflow(svc, 2, agent=AGENT).arun_episode(None, ROW)) is None
+    svc.chat = chat
+
+    def lost_fetch(sid):
+        raise SessionLost(sid, "OpenAI-1#dead")
+    svc.session = lost_fetch
+    assert asyncio.run(workflow(svc, 2, agent=AGENT).arun_episode(None, ROW)) is None
+    svc.session = session
+    assert len(svc.store) == 0
+
+
 def test_an_endpoint_refusal_fails_the_episode_with_its_message(engine):  # noqa: F811
     """A group larger than the endpoint's room: the 429 names rollout.openai.max_sessions
     (a config to fix, so the episode fails); every session opened is still deleted."""
