@@ -150,7 +150,7 @@ def test_bad_requests_are_400s_the_client_raises(endpoint):
         return await client(endpoint, "bad").chat.completions.create(
             model="any", messages=[{"role": "user", "content": "1+1="}], **kwargs)
 
-    for kwargs, needle in [({"stop": ["1", "2", "3", "4", "5"]}, "at most 4"), ({"n": 2}, "n must be 1"),
+    for kwargs, needle in [({"stop": ["1", "2", "3", "4", "5"]}, "at most 4"), ({"n": 17}, "n must be an integer"),
                            ({"tools": TOOLS, "tool_choice": "required"}, "'required'")]:
         with pytest.raises(openai.BadRequestError, match=needle):
             asyncio.run(go(**kwargs))
@@ -309,6 +309,35 @@ def test_streamed_chunks_assemble_to_the_non_streamed_answer(endpoint):
     assert comp_chunks[-1].choices[0].finish_reason == comp.choices[0].finish_reason
     calls = recorded(endpoint, "streamed")["calls"]
     assert endpoint["tok"].decode(calls[0]["output_ids"], skip_special_tokens=True) == content
+
+
+def test_n_choices_are_recorded_as_samples_and_the_next_turn_continues_the_chosen_one(endpoint):
+    """The real client with n=3: three choices, each its own Sample; the agent keeps the
+    second and goes on, and that choice's Sample continues with the next turn."""
+    sid, messages = "forks", [{"role": "user", "content": "12+3="}]
+
+    async def go():
+        c = client(endpoint, sid)
+        first = await c.chat.completions.create(model="any", messages=messages, n=3, max_tokens=4)
+        picked = first.choices[1].message.content
+        second = await c.chat.completions.create(
+            model="any", max_tokens=4,
+            messages=messages + [{"role": "assistant", "content": picked}, {"role": "tool", "content": "=15"}])
+        comp = await c.completions.create(model="any", prompt="7+8=", n=2, max_tokens=3)
+        return first, second, comp
+
+    first, second, comp = asyncio.run(go())
+    assert [ch.index for ch in first.choices] == [0, 1, 2] and len(comp.choices) == 2
+    texts = [ch.message.content for ch in first.choices]
+    j = texts.index(texts[1])  # the choice continued: 1, or an earlier one with the same text
+    session = recorded(endpoint, sid)
+    calls = session["calls"]
+    assert first.usage.completion_tokens == sum(len(c["output_ids"]) for c in calls[:3])
+    assert [c["extends"] for c in calls] == [None, None, None, j, None, None]
+    assert len(session["samples"]) == 5  # choices 0 and 2, choice 1 + its next turn, the 2 completions
+    (continued,) = [s for s in session["samples"] if s["n_turns"] == 2]
+    assert continued["output_ids"][:len(calls[j]["output_ids"])] == calls[j]["output_ids"]
+    httpx.delete(f"{endpoint['base']}/sessions/{sid}", headers=AUTH)
 
 
 def one_sid_per_replica() -> list[str]:

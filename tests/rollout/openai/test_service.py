@@ -116,7 +116,8 @@ def test_stop_strings_are_stop_ids_and_end_the_output(engine):
 
 @pytest.mark.parametrize("body,needle", [
     ({"stop": ""}, "0 tokens"),
-    ({"n": 2}, "n must be 1"),
+    ({"n": 17}, "n must be an integer in [1, 16]"),
+    ({"n": 2, "stream": True}, "stream=true with n > 1 is not supported"),
     ({"stream": "yes"}, "stream must be a boolean"),
     ({"stream": True, "stream_options": 1}, "stream_options must be"),
     ({"top_p": 0.5}, "top_p"),
@@ -344,3 +345,19 @@ def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
     assert svc.defaults.max_tokens == 12
     assert (svc.store.max_session_bytes, svc.store.max_sessions) == (4096, 5)
     assert server.guard.api_key == KEY and KEY not in repr(EndpointOptions.from_config(cfg.rollout))
+
+
+def test_n_choices_are_each_recorded_as_their_own_sample(engine):
+    """n=3 with a stop string (each choice pauses on its own): 3 choices, usage counting
+    every choice's tokens once the prompt, 3 calls and 3 Samples of the same prompt ids."""
+    svc = service(engine)
+    got = run(svc.completions("n", {"model": "m", "prompt": "12+3=", "n": 3, "max_tokens": 4,
+                                    "stop": ["+1"], "return_token_ids": True}))
+    comp = Completion.model_validate(got)
+    assert [c.index for c in comp.choices] == [0, 1, 2]
+    calls = svc.session("n")["calls"]
+    assert [c["output_ids"] for c in calls] == [c.model_extra["token_ids"] for c in comp.choices]
+    assert comp.usage.completion_tokens == sum(len(c["output_ids"]) for c in calls)
+    assert comp.usage.prompt_tokens == len(calls[0]["prompt_ids"])
+    samples = svc.session("n")["samples"]
+    assert len(samples) == 3 and len({tuple(s["prompt_ids"]) for s in samples}) == 1

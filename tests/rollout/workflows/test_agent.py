@@ -15,8 +15,8 @@ import torch
 from areal_ray.config import ConfigError, load_config
 from areal_ray.data.pipeline import LATE, before_deadline
 from areal_ray.plugins import PluginError
-from areal_ray.rollout.workflows.agent import AgentWorkflow, pick_sample, resolve_endpoint
 from areal_ray.rollout.openai.protocol import APIError
+from areal_ray.rollout.workflows.agent import AgentWorkflow, pick_sample, resolve_endpoint
 from areal_ray.rollout.workflows.base import EpisodeConfig
 from areal_ray.types import Sample
 from tests.rollout.openai.test_service import engine, service  # noqa: F401 - fixture
