@@ -15,12 +15,16 @@ replica is retried) with interruptible resubmission, so a weight push never reac
 agent and every token keeps the version that sampled it
 (areal_ray/rollout/openai/service.py does the work; this module maps routes onto it).
 
-One replica, on purpose: sessions live in the replica's memory, and Serve's HTTP proxy
-has no session affinity, so a second replica would see half of each session's calls.
-The replica only renders, tokenizes and waits on the Rollout replicas, which do the
-generating; one is not a bottleneck at the request rates of CPU and single-node GPU
-runs. Memory is bounded by `rollout.openai.max_sessions` live sessions of at most
-`max_session_bytes` each, and `session_ttl_s`.
+Several replicas, each session on one (`rollout.openai.replicas`): the endpoint is that
+many deployments of one replica each ("shards"); the ingress, `OpenAI`, is shard 0 and
+forwards a session's calls to the shard its id hashes to (`OpenAI-1`, ...), so every
+call of a session reaches the replica that holds it, and a shard that restarted
+refuses its lost sessions with a 410 (areal_ray/rollout/openai/affinity.py says why
+not Serve's model multiplexing). Every answer names the replica that served it in the
+`x-areal-endpoint-replica` header. Each shard bounds its memory:
+`rollout.openai.max_sessions` live sessions of at most `max_session_bytes` each, and
+`session_ttl_s`. The shards only render, tokenize and wait on the Rollout replicas,
+which do the generating; more than one helps when sessions outgrow one process.
 
 The app's ingress is then this deployment: the training pipeline keeps calling the
 Rollout deployment by name (`serve.get_deployment_handle(DEPLOYMENT_NAME, app)`).
@@ -28,9 +32,11 @@ Rollout deployment by name (`serve.get_deployment_handle(DEPLOYMENT_NAME, app)`)
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,15 +46,18 @@ from ray import serve
 
 from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.rollout.openai.affinity import SessionLost, SessionRegistry, shard_of
 from areal_ray.rollout.openai.auth import RequestGuard
 from areal_ray.rollout.openai.protocol import APIError, Defaults
-from areal_ray.rollout.openai.service import OpenAIService
+from areal_ray.rollout.openai.service import SID, OpenAIService
 from areal_ray.rollout.openai.sessions import SessionStore
 from areal_ray.rollout.openai.sse import EventStream
 
 logger = logging.getLogger("ray.serve")
 
 OPENAI_DEPLOYMENT = "OpenAI"
+REPLICA_HEADER = "x-areal-endpoint-replica"
+REGISTRY_NAMESPACE = "areal_openai_sessions"
 api = FastAPI(title="areal-ray OpenAI-compatible rollout endpoint")
 
 
@@ -59,7 +68,7 @@ CONTEXT_ARGS = ("max_model_len", "context_length")
 
 @dataclass
 class EndpointOptions:
-    max_sessions: int
+    max_sessions: int  # per replica
     session_ttl_s: float
     max_tokens: int  # default and most max_tokens: rollout.max_new_tokens
     temperature: float  # default temperature: rollout.temperature
@@ -68,36 +77,57 @@ class EndpointOptions:
     max_request_bytes: int = 8 << 20
     max_session_bytes: int | None = None
     tool_parser: str = "none"  # rollout.openai.tool_parser: vLLM's tool parser by name
+    replicas: int = 1  # rollout.openai.replicas: session shards
+    registry: str = ""  # this build's prefix in the session registry (affinity.py)
 
     def __repr__(self) -> str:  # Serve logs its deployments' init args: never the key
-        return f"EndpointOptions(max_sessions={self.max_sessions}, api_key=<redacted>)"
+        return (f"EndpointOptions(max_sessions={self.max_sessions}, replicas={self.replicas}, "
+                "api_key=<redacted>)")
 
     @classmethod
     def from_config(cls, rollout) -> EndpointOptions:
         """From the run's `rollout` section (`RolloutConfig`: the endpoint reads nothing
         else). Needs the key: the run makes one when rollout.openai.api_key is empty
-        (agent_workflow.resolve_endpoint), so its workflow gets the same."""
+        (agent_workflow.resolve_endpoint), so its workflow gets the same. Each call is a
+        new build, with its own registry prefix."""
         o, kw = rollout.openai, rollout.engine_kwargs or {}
         if not o.api_key:
             raise ValueError("rollout.openai.api_key is empty: resolve_endpoint(cfg) makes the "
                              "run's key before the endpoint is built")
         return cls(o.max_sessions, o.session_ttl_s, rollout.max_new_tokens,
                    rollout.temperature, next((kw[k] for k in CONTEXT_ARGS if kw.get(k)), None),
-                   o.api_key, o.max_request_bytes, o.max_session_bytes, o.tool_parser)
+                   o.api_key, o.max_request_bytes, o.max_session_bytes, o.tool_parser,
+                   o.replicas, uuid.uuid4().hex)
 
 
-async def _answer(fn, *args) -> JSONResponse:
-    """The JSON of `fn(*args)` (awaited when a coroutine; server-sent events when it is
-    an `EventStream`), or OpenAI's error body with the status."""
+@dataclass
+class Reply:
+    """One answer as it crosses from a shard to the ingress (picklable): the JSON, or
+    the events of a stream, with the status and the replica that made it."""
+    status: int
+    body: dict | EventStream
+    replica: str
+
+    def response(self):
+        headers = {REPLICA_HEADER: self.replica}
+        if isinstance(self.body, EventStream):
+            resp = self.body.response()
+            resp.headers.update(headers)
+            return resp
+        return JSONResponse(self.body, status_code=self.status, headers=headers)
+
+
+async def _answer(fn, *args) -> tuple[int, dict | EventStream]:
+    """(status, the JSON of `fn(*args)`, awaited when a coroutine, or its EventStream),
+    or OpenAI's error body with the status."""
     try:
         got = fn(*args)
-        result = await got if inspect.isawaitable(got) else got
-        return result.response() if isinstance(result, EventStream) else JSONResponse(result)
+        return 200, (await got if inspect.isawaitable(got) else got)
     except APIError as e:
-        return JSONResponse(e.body(), status_code=e.status)
+        return e.status, e.body()
     except Exception as e:  # noqa: BLE001 - the agent gets a 500 with the reason, the replica lives on
         logger.exception("OpenAI endpoint request failed")
-        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}").body(), status_code=500)
+        return 500, APIError(500, f"{type(e).__name__}: {e}").body()
 
 
 async def _body(guard: RequestGuard, request: Request) -> dict:
@@ -110,63 +140,160 @@ async def _body(guard: RequestGuard, request: Request) -> dict:
         raise APIError(400, f"the request body is not JSON: {e}") from e
 
 
+class GcsKV:
+    """The session registry's store: the GCS's key-value store, which outlives every
+    actor (affinity.KV), in its own namespace."""
+
+    def __init__(self):
+        from ray.experimental.internal_kv import internal_kv_get_gcs_client
+        self.gcs, self.ns = internal_kv_get_gcs_client(), REGISTRY_NAMESPACE.encode()
+
+    async def get(self, key: str) -> str | None:
+        got = await self.gcs.async_internal_kv_get(key.encode(), self.ns)
+        return None if got is None else got.decode()
+
+    async def put(self, key: str, value: str) -> None:
+        await self.gcs.async_internal_kv_put(key.encode(), value.encode(), True, self.ns)
+
+    async def delete(self, key: str) -> None:
+        await self.gcs.async_internal_kv_del(key.encode(), False, self.ns)
+
+
+# The service methods a session route calls, and whether each may open the session.
+SESSION_METHODS = {"completions": True, "chat": True, "open_session": True,
+                   "session": False, "delete": False}
+
+
+class SessionShard:
+    """One shard's sessions: the service, with the registry check around each call.
+    The ingress holds shard 0 in-process; shards 1.. are deployments of this class
+    (Serve allows one FastAPI ingress per app, so they are plain ones)."""
+
+    def __init__(self, rollout, model_path: str, opts: EndpointOptions, index: int):
+        from areal_ray.rollout.openai.tool_calls import ToolCallParser
+        from areal_ray.task.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(model_path)
+        incarnation = uuid.uuid4().hex
+        self.name = f"{OPENAI_DEPLOYMENT}-{index}#{incarnation[:8]}"
+        self.registry = SessionRegistry(GcsKV(), opts.registry, incarnation, self.name)
+        self.service = OpenAIService(
+            tokenizer, EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
+            SessionStore(opts.max_sessions, opts.session_ttl_s, max_session_bytes=opts.max_session_bytes,
+                         on_drop=self._forget),
+            model_name=Path(model_path).name,
+            limits=RequestLimits.from_pretrained(model_path, opts.max_model_len),
+            max_tokens_cap=opts.max_tokens,
+            tool_parser=None if opts.tool_parser == "none" else ToolCallParser(opts.tool_parser, tokenizer))
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def of(cls, service: OpenAIService, registry: SessionRegistry, name: str) -> SessionShard:
+        """A shard over parts made elsewhere (tests: no model, no Ray)."""
+        shard = cls.__new__(cls)
+        shard.service, shard.registry, shard.name, shard._tasks = service, registry, name, set()
+        return shard
+
+    def _forget(self, sid: str) -> None:
+        """A session dropped after its TTL: out of the registry (in the background: the
+        store drops it inside a request's call)."""
+        task = asyncio.get_running_loop().create_task(self.registry.release(sid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def call(self, method: str, sid: str, body: dict | None = None) -> Reply:
+        """Session `sid`'s call of the service's `method`. A session this replica does
+        not hold is checked against the registry first: lost (opened by an earlier
+        incarnation) is a 410, and an opening call notes it."""
+        store, fn = self.service.store, getattr(self.service, method)
+        args = (sid,) if body is None else (sid, body)
+        checked = SID.fullmatch(sid) is not None  # a bad id is the service's 400
+        try:
+            if checked and sid not in store:
+                await self.registry.check(sid, opening=SESSION_METHODS[method])
+        except SessionLost as e:
+            if method == "delete":  # the agent has been told: the id may be used again
+                await self.registry.release(sid)
+            return Reply(e.status, e.body(), self.name)
+        status, result = await _answer(fn, *args)
+        if checked and sid not in store:  # deleted, or never opened (a refused first call)
+            await self.registry.release(sid)
+        return Reply(status, result, self.name)
+
+
 # Helpers above the class: `serve.ingress` pickles the FastAPI app by value when it
 # decorates, so what its routes call must already exist then.
 @serve.deployment(name=OPENAI_DEPLOYMENT)
 @serve.ingress(api)
 class OpenAIServer:
-    def __init__(self, rollout, model_path: str, opts: EndpointOptions):
-        from areal_ray.rollout.openai.tool_calls import ToolCallParser
-        from areal_ray.task.tokenizer import load_tokenizer
-        tokenizer = load_tokenizer(model_path)
-        self.guard = RequestGuard(opts.api_key, opts.max_request_bytes)
-        self.service = OpenAIService(
-            tokenizer, EngineClient(rollout), Defaults(opts.max_tokens, opts.temperature),
-            SessionStore(opts.max_sessions, opts.session_ttl_s, max_session_bytes=opts.max_session_bytes),
-            model_name=Path(model_path).name,
-            limits=RequestLimits.from_pretrained(model_path, opts.max_model_len),
-            max_tokens_cap=opts.max_tokens,
-            tool_parser=None if opts.tool_parser == "none" else ToolCallParser(opts.tool_parser, tokenizer))
+    """The ingress: checks the key and the body's size, then sends each session's call
+    to its shard, its own (`local`, shard 0) or another's deployment handle."""
 
-    async def _serve(self, request: Request, method, *args, body: bool = False) -> JSONResponse:
-        """`method(*args[, the JSON body])`, for a request with the key (401 without)."""
+    def __init__(self, rollout, model_path: str, opts: EndpointOptions, shards: list | None = None):
+        self.guard = RequestGuard(opts.api_key, opts.max_request_bytes)
+        self.shards, self.n = list(shards or []), opts.replicas
+        if len(self.shards) != self.n - 1:
+            raise ValueError(f"the ingress needs the handles of {self.n - 1} other shards, "
+                             f"got {len(self.shards)}")
+        self.local = SessionShard(rollout, model_path, opts, 0)
+
+    async def _serve(self, request: Request, method: str, sid: str, body: bool = False):
+        """Session `sid`'s `method`, for a request with the key (401 without), on the
+        replica that holds the session."""
         try:
             self.guard.authorize(request.headers.get("authorization"))
-            if body:
-                args = (*args, await _body(self.guard, request))
+            data = await _body(self.guard, request) if body else None
         except APIError as e:
-            return JSONResponse(e.body(), status_code=e.status)
-        return await _answer(method, *args)
+            return Reply(e.status, e.body(), self.local.name).response()
+        k = shard_of(sid, self.n)
+        if k == 0:
+            return (await self.local.call(method, sid, data)).response()
+        try:
+            reply = await self.shards[k - 1].call.remote(method, sid, data)
+        except Exception as e:  # noqa: BLE001 - the shard died mid-call (RayActorError, ...)
+            logger.warning("OpenAI endpoint shard %d failed on session %r: %s", k, sid, e)
+            lost = APIError(503, f"session {sid!r}: the endpoint replica holding it (shard {k}) "
+                                 f"failed during this call ({type(e).__name__}); if it restarted, "
+                                 "the session is lost and the next call says so (410)")
+            return Reply(503, lost.body(), f"{OPENAI_DEPLOYMENT}-{k}").response()
+        return reply.response()
 
     @api.post("/sessions/{sid}/v1/completions")
-    async def completions(self, sid: str, request: Request) -> JSONResponse:
-        return await self._serve(request, self.service.completions, sid, body=True)
+    async def completions(self, sid: str, request: Request):
+        return await self._serve(request, "completions", sid, body=True)
 
     @api.post("/sessions/{sid}/v1/chat/completions")
-    async def chat_completions(self, sid: str, request: Request) -> JSONResponse:
-        return await self._serve(request, self.service.chat, sid, body=True)
+    async def chat_completions(self, sid: str, request: Request):
+        return await self._serve(request, "chat", sid, body=True)
 
     @api.get("/sessions/{sid}/v1/models")
-    async def models(self, sid: str, request: Request) -> JSONResponse:
-        return await self._serve(request, self.service.models)
+    async def models(self, sid: str, request: Request):
+        try:
+            self.guard.authorize(request.headers.get("authorization"))
+        except APIError as e:
+            return Reply(e.status, e.body(), self.local.name).response()
+        return Reply(200, self.local.service.models(), self.local.name).response()
 
     @api.post("/sessions/{sid}")
-    async def open_session(self, sid: str, request: Request) -> JSONResponse:
-        return await self._serve(request, self.service.open_session, sid, body=True)
+    async def open_session(self, sid: str, request: Request):
+        return await self._serve(request, "open_session", sid, body=True)
 
     @api.get("/sessions/{sid}")
-    async def session(self, sid: str, request: Request) -> JSONResponse:
-        return await self._serve(request, self.service.session, sid)
+    async def session(self, sid: str, request: Request):
+        return await self._serve(request, "session", sid)
 
     @api.delete("/sessions/{sid}")
-    async def delete(self, sid: str, request: Request) -> JSONResponse:
-        return await self._serve(request, self.service.delete, sid)
+    async def delete(self, sid: str, request: Request):
+        return await self._serve(request, "delete", sid)
 
 
 def build_openai_app(cfg, rollout_app, model_path: str):
-    """The endpoint over `rollout_app` (deployments.rollout.build_app): one replica (see
-    the module docstring), no CPU reserved (it waits on the Rollout replicas)."""
-    return OpenAIServer.options(
-        num_replicas=1, max_ongoing_requests=cfg.rollout.openai.max_ongoing_requests,
-        ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False},
-    ).bind(rollout_app, model_path, EndpointOptions.from_config(cfg.rollout))
+    """The endpoint over `rollout_app` (deployments.rollout.build_app):
+    `rollout.openai.replicas` shards of one replica each (see the module docstring), the
+    ingress holding shard 0; no CPU reserved (they wait on the Rollout replicas)."""
+    opts = EndpointOptions.from_config(cfg.rollout)
+    common = dict(num_replicas=1, max_ongoing_requests=cfg.rollout.openai.max_ongoing_requests,
+                  ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False})
+    shard = serve.deployment(SessionShard)
+    others = [shard.options(name=f"{OPENAI_DEPLOYMENT}-{k}", **common).bind(rollout_app, model_path, opts, k)
+              for k in range(1, opts.replicas)]
+    return OpenAIServer.options(**common).bind(rollout_app, model_path, opts, others)

@@ -22,9 +22,10 @@ class OpenAIEndpointConfig:
     api_key: str = opt("", "bearer key every request must carry (Authorization: Bearer <key>: the openai client's api_key), else 401; empty: a random key per job, handed to the workflow (AgentWorkflow's api_key) and shown as <redacted> in config records and MLflow. Set one of your own (e.g. ${oc.env:AREAL_OPENAI_KEY}) for agents outside the run")
     max_request_bytes: int = opt(8 << 20, "largest request body; a larger one is a 413, refused before it is read")
     max_session_bytes: int = opt(64 << 20, "most bytes of recorded calls one session holds (a character per byte of text, 8 per token id, logprob, version); a call past it is a 400 and only that session's")
-    max_sessions: int = opt(4096, "live sessions kept in memory; beyond it a new session is a 429 (live ones are never evicted for it; idle ones go after session_ttl_s)")
+    max_sessions: int = opt(4096, "live sessions kept in memory per endpoint replica; beyond it a new session of that replica is a 429 (live ones are never evicted for it; idle ones go after session_ttl_s)")
     session_ttl_s: float = opt(1800.0, "a session idle for longer is dropped (its calls are gone)")
-    max_ongoing_requests: int = opt(1024, "requests the endpoint's (single) replica accepts at once")
+    max_ongoing_requests: int = opt(1024, "requests each endpoint replica accepts at once (the first one, the ingress, takes every request)")
+    replicas: int = opt(1, "endpoint replicas holding sessions: each session lives on one, chosen by a hash of its id, and every call of it goes there; a session whose replica restarted is refused with a 410 (docs/workflows.md)")
     tool_parser: str = opt("hermes", "vLLM's tool parser that turns a chat output's calls into `tool_calls` when the request has `tools=` (hermes: Qwen2.5/Qwen3/Hermes `<tool_call>{json}</tool_call>`; any name of vllm.tool_parsers); none: tool calling off")
 
     def check(self) -> None:
@@ -42,6 +43,7 @@ class OpenAIEndpointConfig:
                 "without spaces (empty: a random key per job)")
         require(self.session_ttl_s > 0, "rollout.openai.session_ttl_s must be > 0")
         require(self.max_ongoing_requests >= 1, "rollout.openai.max_ongoing_requests must be >= 1")
+        require(self.replicas >= 1, f"rollout.openai.replicas must be >= 1, got {self.replicas}")
         if self.enabled:
             from areal_ray.rollout.openai.tool_calls import check_tool_parser_name  # no vLLM import
             try:

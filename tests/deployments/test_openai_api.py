@@ -5,9 +5,11 @@ weight push between turns, bad requests are 400s the client raises, AgentWorkflo
 returns a group of the right shape, `tools=` and a `role: tool` reply continue the
 recorded session, and streamed chunks assemble to the non-streamed answer; a request
 without the key is a 401, an oversized body a 413, a session past its byte budget a
-400, a full store a 429, and none of them disturbs another session. One app for the
-module (Serve restarted with the
-proxy on a free port, and shut down after, so later modules start their own)."""
+400, a full store a 429, and none of them disturbs another session. The endpoint runs 2
+replicas (rollout.openai.replicas=2), so all of this also crosses from the ingress to the
+second: each session's calls stay on one replica, and after that replica is killed its
+session is refused with a 410. One app for the module (Serve restarted with the proxy on
+a free port, and shut down after, so later modules start their own)."""
 
 import asyncio
 import socket
@@ -22,17 +24,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
-from areal_ray.rollout.workflows.agent import AgentWorkflow
+from areal_ray.rollout.openai.affinity import shard_of
 from areal_ray.rollout.openai.tool_calls import new_call_id
+from areal_ray.rollout.workflows.agent import AgentWorkflow
 from areal_ray.rollout.workflows.base import EpisodeConfig
 from areal_ray.weights.push import WeightPusher
-from deployments.openai_api import build_openai_app
+from deployments.openai_api import OPENAI_DEPLOYMENT, REPLICA_HEADER, build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 from tests.weights.test_push import perturb
 
 PREFIX = "/rl"
 KEY = "test-endpoint-key-0123456789"
 MAX_REQUEST_BYTES, MAX_SESSION_BYTES, MAX_SESSIONS = 20_000, 6_000, 8
+REPLICAS = 2
 TOOLS = [{"type": "function", "function": {
     "name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
 
@@ -53,7 +57,8 @@ def endpoint(ray_cluster, random_model_dir):
                              f"rollout.openai.route_prefix={PREFIX}", f"rollout.openai.api_key={KEY}",
                              f"rollout.openai.max_request_bytes={MAX_REQUEST_BYTES}",
                              f"rollout.openai.max_session_bytes={MAX_SESSION_BYTES}",
-                             f"rollout.openai.max_sessions={MAX_SESSIONS}"])
+                             f"rollout.openai.max_sessions={MAX_SESSIONS}",
+                             f"rollout.openai.replicas={REPLICAS}"])
     serve.shutdown()  # the proxy is set when Serve starts: a fresh Serve with it on
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     app = f"openai-{tag}"
@@ -61,7 +66,8 @@ def endpoint(ray_cluster, random_model_dir):
     serve.run(build_openai_app(cfg, rollout, random_model_dir), name=app, route_prefix=PREFIX)
     yield {"base": cfg.rollout.openai.base_url(), "driver": driver,
            "rollout": serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app),
-           "tok": AutoTokenizer.from_pretrained(random_model_dir), "model": random_model_dir}
+           "tok": AutoTokenizer.from_pretrained(random_model_dir), "model": random_model_dir,
+           "app": app}
     serve.delete(app)
     serve.shutdown()
     ray.kill(driver)
@@ -144,7 +150,7 @@ def test_bad_requests_are_400s_the_client_raises(endpoint):
         return await client(endpoint, "bad").chat.completions.create(
             model="any", messages=[{"role": "user", "content": "1+1="}], **kwargs)
 
-    for kwargs, needle in [({"stop": ["1", "2", "3", "4", "5"]}, "at most 4"), ({"n": 2}, "n must be 1"),
+    for kwargs, needle in [({"stop": ["1", "2", "3", "4", "5"]}, "at most 4"), ({"n": 17}, "n must be an integer"),
                            ({"tools": TOOLS, "tool_choice": "required"}, "'required'")]:
         with pytest.raises(openai.BadRequestError, match=needle):
             asyncio.run(go(**kwargs))
@@ -222,16 +228,16 @@ def test_only_requests_with_the_key_and_within_the_limits_are_served(endpoint):
 
 def test_a_full_endpoint_refuses_new_sessions_and_keeps_the_live_ones(endpoint):
     """Opening sessions cannot evict a running episode's: past max_sessions live ones
-    a new one is a 429, and the held ones are all still there."""
+    (per replica) a new one is a 429, and the held ones are all still there."""
     base, opened = endpoint["base"], []
-    for i in range(MAX_SESSIONS + 1):
+    for i in range(REPLICAS * MAX_SESSIONS + 1):
         res = httpx.post(f"{base}/sessions/fill-{i}", json={}, headers=AUTH)
         if res.status_code != 200:
             break
         opened.append(f"fill-{i}")
     assert res.status_code == 429 and "max_sessions" in res.json()["error"]["message"]
     assert res.json()["error"]["type"] == "rate_limit_error"
-    assert 1 <= len(opened) <= MAX_SESSIONS
+    assert 1 <= len(opened) <= REPLICAS * MAX_SESSIONS
     for sid in opened:
         assert httpx.get(f"{base}/sessions/{sid}", headers=AUTH).status_code == 200
         assert httpx.delete(f"{base}/sessions/{sid}", headers=AUTH).status_code == 200
@@ -303,3 +309,102 @@ def test_streamed_chunks_assemble_to_the_non_streamed_answer(endpoint):
     assert comp_chunks[-1].choices[0].finish_reason == comp.choices[0].finish_reason
     calls = recorded(endpoint, "streamed")["calls"]
     assert endpoint["tok"].decode(calls[0]["output_ids"], skip_special_tokens=True) == content
+
+
+def test_n_choices_are_recorded_as_samples_and_the_next_turn_continues_the_chosen_one(endpoint):
+    """The real client with n=3: three choices, each its own Sample; the agent keeps the
+    second and goes on, and that choice's Sample continues with the next turn."""
+    sid, messages = "forks", [{"role": "user", "content": "12+3="}]
+
+    async def go():
+        c = client(endpoint, sid)
+        first = await c.chat.completions.create(model="any", messages=messages, n=3, max_tokens=4)
+        picked = first.choices[1].message.content
+        second = await c.chat.completions.create(
+            model="any", max_tokens=4,
+            messages=messages + [{"role": "assistant", "content": picked}, {"role": "tool", "content": "=15"}])
+        comp = await c.completions.create(model="any", prompt="7+8=", n=2, max_tokens=3)
+        return first, second, comp
+
+    first, second, comp = asyncio.run(go())
+    assert [ch.index for ch in first.choices] == [0, 1, 2] and len(comp.choices) == 2
+    texts = [ch.message.content for ch in first.choices]
+    j = texts.index(texts[1])  # the choice continued: 1, or an earlier one with the same text
+    session = recorded(endpoint, sid)
+    calls = session["calls"]
+    assert first.usage.completion_tokens == sum(len(c["output_ids"]) for c in calls[:3])
+    assert [c["extends"] for c in calls] == [None, None, None, j, None, None]
+    assert len(session["samples"]) == 5  # choices 0 and 2, choice 1 + its next turn, the 2 completions
+    (continued,) = [s for s in session["samples"] if s["n_turns"] == 2]
+    assert continued["output_ids"][:len(calls[j]["output_ids"])] == calls[j]["output_ids"]
+    httpx.delete(f"{endpoint['base']}/sessions/{sid}", headers=AUTH)
+
+
+def one_sid_per_replica() -> list[str]:
+    first = {}
+    for i in range(100):
+        first.setdefault(shard_of(f"aff-{i}", REPLICAS), f"aff-{i}")
+    return [first[k] for k in range(REPLICAS)]
+
+
+def test_each_sessions_calls_stay_on_one_of_the_endpoint_replicas(endpoint):
+    """Two sessions, one per replica, 6 turns each, their calls interleaved: each turn's
+    answer names the same replica, the two differ, and each session is one chain."""
+    sids = one_sid_per_replica()
+
+    async def turns(sid):
+        c, messages, replicas = client(endpoint, sid), [{"role": "user", "content": "12+3="}], []
+        for i in range(6):
+            raw = await c.chat.completions.with_raw_response.create(model="any", messages=messages,
+                                                                    max_tokens=3)
+            replicas.append(raw.headers[REPLICA_HEADER])
+            messages += [{"role": "assistant", "content": raw.parse().choices[0].message.content},
+                         {"role": "tool", "content": f"={i}"}]
+        return replicas
+
+    async def go():
+        return await asyncio.gather(*[turns(sid) for sid in sids])
+
+    replicas = asyncio.run(go())
+    assert [len(set(r)) for r in replicas] == [1] * REPLICAS
+    assert [r[0].split("#")[0] for r in replicas] == [f"{OPENAI_DEPLOYMENT}-{k}" for k in range(REPLICAS)]
+    for sid in sids:
+        session = recorded(endpoint, sid)
+        assert len(session["calls"]) == 6 and len(session["samples"]) == 1
+        httpx.delete(f"{endpoint['base']}/sessions/{sid}", headers=AUTH)
+
+
+def test_a_session_whose_replica_restarted_is_refused_with_a_410(endpoint):
+    """Kill the second replica's actor: Serve starts another, which holds none of the
+    sessions; the next call of the session it held is a 410 naming the session (nothing
+    generated or recorded), the other replica's session goes on as one chain, and after
+    a delete the id opens a new session."""
+    s0, s1 = one_sid_per_replica()
+    messages = [{"role": "user", "content": "3+4="}]
+
+    async def chat(sid, messages):
+        raw = await client(endpoint, sid).chat.completions.with_raw_response.create(
+            model="any", messages=messages, max_tokens=3)
+        return raw.parse().choices[0].message.content, raw.headers[REPLICA_HEADER]
+
+    (a0, _), (a1, held_by) = asyncio.run(chat(s0, messages)), asyncio.run(chat(s1, messages))
+    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"SERVE_REPLICA::{endpoint['app']}#{OPENAI_DEPLOYMENT}-1#"))
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+    def turn2(answer):
+        return messages + [{"role": "assistant", "content": answer}, {"role": "tool", "content": "=7"}]
+
+    with pytest.raises(openai.APIStatusError) as e:  # waits for Serve's new replica
+        asyncio.run(chat(s1, turn2(a1)))
+    assert e.value.status_code == 410
+    assert f"session {s1!r} was lost" in e.value.message and held_by in e.value.message
+    lost = httpx.get(f"{endpoint['base']}/sessions/{s1}", headers=AUTH)
+    assert lost.status_code == 410 and lost.headers[REPLICA_HEADER] != held_by
+    asyncio.run(chat(s0, turn2(a0)))
+    assert [c["extends"] for c in recorded(endpoint, s0)["calls"]] == [None, 0]
+    assert httpx.delete(f"{endpoint['base']}/sessions/{s1}", headers=AUTH).status_code == 410
+    asyncio.run(chat(s1, messages))  # the id is free again: a new session
+    assert len(recorded(endpoint, s1)["calls"]) == 1
+    for sid in (s0, s1):
+        httpx.delete(f"{endpoint['base']}/sessions/{sid}", headers=AUTH)

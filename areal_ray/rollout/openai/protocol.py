@@ -10,7 +10,9 @@ EOS or at token ids, and return one sample per request, so:
   `include_stop_str_in_output=true`): the text the agent appends to its history is
   then exactly what the model generated, which keeps the session's token chain intact
   (sessions.py).
-- `n` must be 1; `top_p`, penalties, `logit_bias`, `functions`, `response_format`
+- `n` up to MAX_N: n samples of the prompt, each recorded as its own call and its own
+  Sample of the session (sessions.py: a fork; a later request continues whichever
+  choice its messages carry). Not with `stream: true` (a 400). `top_p`, penalties, `logit_bias`, `functions`, `response_format`
   other than text, `echo`, `suffix`, `best_of` are refused when set to anything but
   their defaults: silently ignoring them would change what the agent thinks it sampled.
 - Chat takes `tools` and `tool_choice` (`auto`, `none`): the template renders the
@@ -50,10 +52,11 @@ MUST_BE_DEFAULT = {"n": (1,), "stream": (False,), "top_p": (1, 1.0), "frequency_
                    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
                    "response_format": ({"type": "text"},), "audio": (), "prediction": (),
                    "web_search_options": ()}
-COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids", "stream"}
+COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids", "stream", "n"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
 MAX_STOPS = 4  # as OpenAI
+MAX_N = 16  # choices per request: each is a whole generation, recorded in the session
 
 
 class APIError(Exception):
@@ -91,6 +94,7 @@ class GenRequest:
     tool_choice: str = "none"  # "auto": parse the output's calls; "none": do not
     stream: bool = False  # answer in server-sent events (sse.py)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    n: int = 1  # choices: samples of the same prompt ids
     stop_strings: list[str] = field(default_factory=list)  # stops longer than one token
     pause_ids: list[int] = field(default_factory=list)  # their last tokens, where the engine pauses
 
@@ -106,10 +110,8 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
         if name in allowed:  # this route takes it (checked where it is read)
             continue
         if value is not None and value not in ok:
-            what = "n must be 1 (one sample per request; run several sessions for more)" \
-                if name == "n" else (f"{name}={value!r} is not supported by this endpoint "
-                                     "(it samples with a temperature and stops on token ids)")
-            raise bad(what, name)
+            raise bad(f"{name}={value!r} is not supported by this endpoint "
+                      "(it samples with a temperature and stops on token ids)", name)
     if not isinstance(body.get("model"), str):
         raise bad("model: a string is required", "model")
 
@@ -186,7 +188,11 @@ def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[st
     if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
         raise bad("stream_options must be an object like {include_usage: bool}", "stream_options")
     ids, strings, pauses = stops(body.get("stop"), encode)
-    return dict(model=body["model"], max_tokens=budget or defaults.max_tokens,
+    n = _int(body, "n", 1, MAX_N) or 1
+    if n > 1 and stream:
+        raise bad("stream=true with n > 1 is not supported: stream one choice per request, or "
+                  "take the n choices whole", "n")
+    return dict(model=body["model"], max_tokens=budget or defaults.max_tokens, n=n,
                 temperature=float(defaults.temperature if t is None else t),
                 stop_ids=ids + pauses, stop_strings=strings, pause_ids=pauses,
                 return_token_ids=bool(rti),
@@ -275,11 +281,6 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
                   "messages") from e
 
 
-def _usage(prompt_ids: list[int], output_ids: list[int]) -> dict:
-    return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
-            "total_tokens": len(prompt_ids) + len(output_ids)}
-
-
 def _extension(req: GenRequest, prompt_ids, sample) -> dict:
     if not req.return_token_ids:
         return {}
@@ -287,41 +288,59 @@ def _extension(req: GenRequest, prompt_ids, sample) -> dict:
             "versions": list(sample.versions)}
 
 
-def completion_response(req: GenRequest, prompt_ids: list[int], sample, text: str,
-                        token_texts: list[str]) -> dict:
-    logprobs = None
-    if req.logprobs:
-        offsets, at = [], 0
-        for t in token_texts:
-            offsets.append(at)
-            at += len(t)
-        logprobs = {"tokens": token_texts, "token_logprobs": list(sample.logprobs),
-                    "text_offset": offsets, "top_logprobs": None}
-    choice = {"index": 0, "text": text, "finish_reason": sample.stop_reason, "logprobs": logprobs,
-              **_extension(req, prompt_ids, sample)}
+@dataclass
+class Choice:
+    """One generated choice as the responses write it."""
+    sample: object  # types.Sample: output ids, logprobs, versions, stop reason
+    text: str  # the output as the client sees it
+    token_texts: list[str]  # each output token's text (only with logprobs)
+    parsed: object = None  # tool_calls.Parsed: the calls found in `text` (chat with tools)
+
+
+def _usage_of(prompt_ids: list[int], choices: list[Choice]) -> dict:
+    """As OpenAI counts n choices: the prompt once, every choice's tokens."""
+    out = sum(len(c.sample.output_ids) for c in choices)
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": out,
+            "total_tokens": len(prompt_ids) + out}
+
+
+def completion_response(req: GenRequest, prompt_ids: list[int], choices: list[Choice]) -> dict:
+    out = []
+    for i, c in enumerate(choices):
+        logprobs = None
+        if req.logprobs:
+            offsets, at = [], 0
+            for t in c.token_texts:
+                offsets.append(at)
+                at += len(t)
+            logprobs = {"tokens": c.token_texts, "token_logprobs": list(c.sample.logprobs),
+                        "text_offset": offsets, "top_logprobs": None}
+        out.append({"index": i, "text": c.text, "finish_reason": c.sample.stop_reason,
+                    "logprobs": logprobs, **_extension(req, prompt_ids, c.sample)})
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": req.model, "choices": [choice],
-            "usage": _usage(prompt_ids, sample.output_ids)}
+            "created": int(time.time()), "model": req.model, "choices": out,
+            "usage": _usage_of(prompt_ids, choices)}
 
 
-def chat_response(req: GenRequest, prompt_ids: list[int], sample, text: str,
-                  token_texts: list[str], parsed=None) -> dict:
-    """`parsed` (tool_calls.Parsed): the calls found in `text`; the message's content is
-    then the text outside them, and the finish reason `tool_calls`, as OpenAI's."""
-    logprobs = None
-    if req.logprobs:
-        logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                                 "top_logprobs": []}
-                                for t, lp in zip(token_texts, sample.logprobs)], "refusal": None}
-    message, finish = {"role": "assistant", "content": text}, sample.stop_reason
-    if parsed is not None and parsed.tool_calls:
-        message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
-        finish = "tool_calls"
-    choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs,
-              **_extension(req, prompt_ids, sample)}
+def chat_response(req: GenRequest, prompt_ids: list[int], choices: list[Choice]) -> dict:
+    """A choice's `parsed` calls make its message's content the text outside them, and
+    its finish reason `tool_calls`, as OpenAI's."""
+    out = []
+    for i, c in enumerate(choices):
+        logprobs = None
+        if req.logprobs:
+            logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                                     "top_logprobs": []}
+                                    for t, lp in zip(c.token_texts, c.sample.logprobs)], "refusal": None}
+        message, finish = {"role": "assistant", "content": c.text}, c.sample.stop_reason
+        if c.parsed is not None and c.parsed.tool_calls:
+            message = {"role": "assistant", "content": c.parsed.content, "tool_calls": c.parsed.tool_calls}
+            finish = "tool_calls"
+        out.append({"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs,
+                    **_extension(req, prompt_ids, c.sample)})
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": req.model, "choices": [choice],
-            "usage": _usage(prompt_ids, sample.output_ids)}
+            "created": int(time.time()), "model": req.model, "choices": out,
+            "usage": _usage_of(prompt_ids, choices)}
 
 
 def models_response(name: str, created: int) -> dict:

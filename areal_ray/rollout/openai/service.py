@@ -22,6 +22,9 @@ The session store's bounds (sessions.py) answer here: a new session when the sto
 full of live ones is a 429, a call past the session's byte budget a 400; either way
 no other session is touched. Session ids are checked to be short URL-safe names.
 
+`n > 1` generates the n choices of one prompt at once and records each as its own
+call and Sample (sessions.py: a fork).
+
 Chat requests with `tools` go through tool_calls.py (rendering, the run's vLLM tool
 parser, assistant tool calls replayed as the recorded text); `stream: true` answers
 are cut into chunks from the finished answer (sse.py).
@@ -32,6 +35,7 @@ them with an in-process engine.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import TYPE_CHECKING
@@ -41,6 +45,7 @@ from areal_ray.rollout.interruptible import PartialSample, generate_rounds
 from areal_ray.rollout.openai.auth import EndpointError
 from areal_ray.rollout.openai.protocol import (
     APIError,
+    Choice,
     Defaults,
     bad,
     chat_response,
@@ -96,6 +101,7 @@ class OpenAIService:
             raise EndpointError(429, str(e)) from e
 
     async def _generate(self, sid: str, req, text: str | None, token_prompt: list[int] | None):
+        """(prompt ids, a Choice per generated sample, the index of the first one's call)."""
         session = self._session(sid)
         try:
             if token_prompt is not None:
@@ -104,26 +110,31 @@ class OpenAIService:
                 text = self.decode(prompt_ids, False)  # only ids in the vocabulary decode
             else:
                 prompt_ids, extends = session.prompt_ids(text)
-            self.store.check_room(session, text, len(prompt_ids))  # before any is generated
-            budget = min(req.max_tokens, self.max_tokens_cap or req.max_tokens)
-            part = PartialSample(prompt_ids, self.limits.fit(len(prompt_ids), budget))
-            await run_to_stop_strings(
-                lambda: generate_rounds(self.client.generate_batch, [part], req.temperature, req.stop_ids),
-                part, req.stop_strings, set(req.pause_ids), self.decode)
+            self.store.check_room(session, text, len(prompt_ids), req.n)  # before any is generated
+            budget = self.limits.fit(len(prompt_ids), min(req.max_tokens, self.max_tokens_cap or req.max_tokens))
+            parts = [PartialSample(prompt_ids, budget) for _ in range(req.n)]
+            if req.stop_strings:  # each its own pauses
+                await asyncio.gather(*[run_to_stop_strings(
+                    lambda p=p: generate_rounds(self.client.generate_batch, [p], req.temperature, req.stop_ids),
+                    p, req.stop_strings, set(req.pause_ids), self.decode) for p in parts])
+            else:  # one engine call for the n
+                await generate_rounds(self.client.generate_batch, parts, req.temperature, req.stop_ids)
         except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
             raise bad(str(getattr(e, "cause", e)), "prompt") from e
         except SessionTooLarge as e:
             raise bad(str(e), "messages") from e
-        sample = part.sample()
+        samples = [p.sample() for p in parts]
         # The session may have been dropped (TTL) while generating: record where it is
         # now (a store that filled up meanwhile keeps only the answer).
         try:
             session = self.store.open(sid, self.encode, self.decode)
         except SessionsFull:
             pass
-        session.record(text, prompt_ids, extends, sample)
-        token_texts = [self.decode([t], False) for t in sample.output_ids] if req.logprobs else []
-        return prompt_ids, sample, self.decode(sample.output_ids), token_texts, len(session.calls) - 1
+        session.record_turn(text, prompt_ids, extends, samples)
+        choices = [Choice(s, self.decode(s.output_ids),
+                          [self.decode([t], False) for t in s.output_ids] if req.logprobs else [])
+                   for s in samples]
+        return prompt_ids, choices, len(session.calls) - len(samples)
 
     def _defaults(self, sid: str) -> Defaults:
         session = self.store.get(sid)
@@ -140,11 +151,11 @@ class OpenAIService:
     async def completions(self, sid: str, body: dict) -> dict:
         req = parse_completion(body, self._defaults(sid), self.encode)
         if isinstance(req.prompt, str):
-            got = await self._generate(sid, req, req.prompt, None)
+            prompt_ids, choices, _ = await self._generate(sid, req, req.prompt, None)
         else:
-            got = await self._generate(sid, req, None, req.prompt)
-        resp = completion_response(req, *got[:4])
-        return EventStream(completion_chunks(resp, self._pieces(got[1]), req.include_usage)) \
+            prompt_ids, choices, _ = await self._generate(sid, req, None, req.prompt)
+        resp = completion_response(req, prompt_ids, choices)
+        return EventStream(completion_chunks(resp, self._pieces(choices[0].sample), req.include_usage)) \
             if req.stream else resp
 
     def _pieces(self, sample) -> list[str]:
@@ -171,10 +182,12 @@ class OpenAIService:
         parser_request = self.tool_parser.request(req.tools, req.tool_choice) if parse else None
         messages = replay_messages(req.messages, self._generated_text(sid))
         text = render_chat(self.tokenizer, messages, req.tools)
-        prompt_ids, sample, out_text, token_texts, index = await self._generate(sid, req, text, None)
-        parsed = self.tool_parser.parse(out_text, parser_request, index, sample.output_ids) if parse else None
-        resp = chat_response(req, prompt_ids, sample, out_text, token_texts, parsed=parsed)
-        return EventStream(chat_chunks(resp, self._pieces(sample), req.include_usage)) \
+        prompt_ids, choices, first = await self._generate(sid, req, text, None)
+        if parse:  # each choice's call ids name its own recorded call
+            for i, c in enumerate(choices):
+                c.parsed = self.tool_parser.parse(c.text, parser_request, first + i, c.sample.output_ids)
+        resp = chat_response(req, prompt_ids, choices)
+        return EventStream(chat_chunks(resp, self._pieces(choices[0].sample), req.include_usage)) \
             if req.stream else resp
 
     def models(self) -> dict:

@@ -22,6 +22,11 @@ got it, without them (a template that only concatenates contents). In the second
 the chain keeps the sampled ids, EOS included: the model continues from what it
 generated.
 
+A request with `n > 1` is a fork: its n choices are recorded as n calls, each starting
+its own chain (its prompt holds the history's ids: nothing is re-encoded), so each is
+its own Sample; the next request continues whichever choice its text starts with (any
+call of the latest request may be extended, not only the last one).
+
 `Session.samples()` turns a session into training `Sample`s: calls that chain merge
 into one Sample whose output is everything after the first call's prompt; the policy's
 tokens have loss mask 1, the text in between (tool results, user turns) mask 0,
@@ -102,38 +107,52 @@ class Session:
     def __init__(self, sid: str, encode: Encode, decode: Decode):
         self.sid, self.encode, self.decode = sid, encode, decode
         self.calls: list[Call] = []
+        self.last_turn: list[int] = []  # the calls of the latest request: what may be extended
         self.nbytes = 0  # of the recorded calls (record_bytes)
         self.defaults = None  # the session's own sampling defaults, when its opener set them
 
     def prompt_ids(self, text: str) -> tuple[list[int], int | None]:
         """The ids to generate from for prompt `text`, and the index of the call they
         extend (None: a new chain). Never re-encodes a recorded call's text."""
-        if self.calls:
-            last = self.calls[-1]
+        for i in self.last_turn:
+            last = self.calls[i]
             for history in last.history_texts:
                 if text.startswith(history):
                     rest = text[len(history):]
-                    return (last.prompt_ids + last.output_ids + (self.encode(rest) if rest else []),
-                            len(self.calls) - 1)
+                    return last.prompt_ids + last.output_ids + (self.encode(rest) if rest else []), i
         return self.encode(text), None
 
     def prompt_ids_of_tokens(self, ids: list[int]) -> tuple[list[int], int | None]:
         """Token-in requests (a completions prompt given as ids): the chain is decided
         on the ids themselves."""
-        if self.calls:
-            last = self.calls[-1]
-            history = last.prompt_ids + last.output_ids
+        for i in self.last_turn:
+            history = self.calls[i].prompt_ids + self.calls[i].output_ids
             if len(ids) >= len(history) and ids[:len(history)] == history:
-                return list(ids), len(self.calls) - 1
+                return list(ids), i
         return list(ids), None
 
     def record(self, prompt_text: str, prompt_ids: list[int], extends: int | None,
                sample: Sample) -> Call:
         """Add the finished call (`sample`: what interruptible generation returned).
-        It chains only if the call it extends is still the last one (a call that
-        finished in between, from a concurrent request, breaks the chain)."""
-        if extends is not None and extends != len(self.calls) - 1:
+        It chains only if the call it extends is still of the latest request (a call
+        that finished in between, from a concurrent request, breaks the chain)."""
+        return self.record_turn(prompt_text, prompt_ids, extends, [sample])[0]
+
+    def record_turn(self, prompt_text: str, prompt_ids: list[int], extends: int | None,
+                    samples: list[Sample]) -> list[Call]:
+        """Add one request's calls: its choices, samples of the same prompt ids. Several
+        are a fork: each starts its own chain (see the module docstring)."""
+        if extends not in self.last_turn or len(samples) > 1:
             extends = None
+        calls = [self._call(prompt_text, prompt_ids, extends, s) for s in samples]
+        first = len(self.calls)
+        self.calls += calls
+        self.nbytes += sum(c.nbytes for c in calls)
+        self.last_turn = list(range(first, len(self.calls)))
+        return calls
+
+    def _call(self, prompt_text: str, prompt_ids: list[int], extends: int | None,
+              sample: Sample) -> Call:
         out = list(sample.output_ids)
         full = prompt_text + self.decode(out, False)
         shown = prompt_text + self.decode(out, True)
@@ -142,20 +161,25 @@ class Session:
                     finish_reason=sample.stop_reason, extends=extends,
                     n_resubmits=sample.n_resubmits,
                     history_texts=[full] if full == shown else [full, shown])
-        self.calls.append(call)
-        self.nbytes += call.nbytes
         return call
 
     def chains(self) -> list[list[Call]]:
-        """Calls grouped into chains, in order: a call joins the chain of the call
-        before it when it extends that call."""
+        """Calls grouped into chains: a call joins the chain it extends the last call
+        of. In the order of their last calls, so the chain holding the session's last
+        call is last (one request's calls extend one of the latest request's, so
+        without forks this is the order of the calls)."""
         chains: list[list[Call]] = []
+        tail_of: dict[int, int] = {}  # the index of a chain's last call -> the chain
         for i, c in enumerate(self.calls):
-            if chains and c.extends == i - 1:
-                chains[-1].append(c)
-            else:
+            k = tail_of.pop(c.extends, None) if c.extends is not None else None
+            if k is None:
                 chains.append([c])
-        return chains
+                k = len(chains) - 1
+            else:
+                chains[k].append(c)
+            tail_of[i] = k
+        last = {k: i for i, k in tail_of.items()}
+        return [chains[k] for k in sorted(range(len(chains)), key=last.__getitem__)]
 
     def samples(self) -> list[Sample]:
         return [chain_sample(chain, self.decode) for chain in self.chains()]
@@ -198,12 +222,13 @@ class SessionStore:
     must exceed the longest pause inside an episode."""
 
     def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 max_session_bytes: int | None = None):
+                 max_session_bytes: int | None = None, on_drop: Callable[[str], None] | None = None):
+        """`on_drop(sid)`: told of each session dropped after `ttl_s` idle."""
         if max_sessions < 1 or ttl_s <= 0 or (max_session_bytes is not None and max_session_bytes < 1):
             raise ValueError(f"max_sessions ({max_sessions}) must be >= 1, ttl_s ({ttl_s}) > 0 and "
                              f"max_session_bytes ({max_session_bytes}) >= 1")
         self.max_sessions, self.ttl_s, self.clock = max_sessions, ttl_s, clock
-        self.max_session_bytes = max_session_bytes
+        self.max_session_bytes, self.on_drop = max_session_bytes, on_drop
         self._sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
         self.dropped = 0
 
@@ -215,6 +240,8 @@ class SessionStore:
                 break
             del self._sessions[sid]
             self.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop(sid)
 
     def get(self, sid: str) -> Session | None:
         self._expire()
@@ -239,13 +266,13 @@ class SessionStore:
             self._sessions[sid] = (session, self.clock())
         return session
 
-    def check_room(self, session: Session, prompt_text: str, n_prompt_ids: int) -> None:
-        """Raise SessionTooLarge when recording a call of this prompt would take
-        `session` past `max_session_bytes` (its output, unknown yet, may go past by
-        at most one call's budget)."""
+    def check_room(self, session: Session, prompt_text: str, n_prompt_ids: int, n: int = 1) -> None:
+        """Raise SessionTooLarge when recording `n` calls of this prompt would take
+        `session` past `max_session_bytes` (their outputs, unknown yet, may go past by
+        at most one request's budget)."""
         if self.max_session_bytes is None:
             return
-        need = session.nbytes + record_bytes(prompt_text, n_prompt_ids, 0, [prompt_text])
+        need = session.nbytes + n * record_bytes(prompt_text, n_prompt_ids, 0, [prompt_text])
         if need > self.max_session_bytes:
             raise SessionTooLarge(
                 f"session {session.sid!r} would hold ~{need} bytes of recorded calls with this "
@@ -258,3 +285,7 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def __contains__(self, sid: str) -> bool:
+        """Whether `sid` is held (live or not yet expired); does not count as a use."""
+        return sid in self._sessions

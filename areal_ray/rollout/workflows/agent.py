@@ -19,7 +19,10 @@ agent that returns None, rejects the row (None: the rollout stage records the ro
 rejected and the run reads more prompts). An agent that raises fails the episode, as
 any workflow error does: a broken agent should stop the run, not starve it. An agent
 that never returns is abandoned at `rollout.episode_timeout_s` (its row rejected; the
-cancellation still deletes its sessions).
+cancellation still deletes its sessions). A session the endpoint lost (410: the
+endpoint replica holding it restarted, deployments/openai_api.py) rejects the row too,
+whether the agent's call or the fetch of its Samples is refused: the cluster lost a
+process, the agent is not broken, and what was recorded is gone.
 
 The clients do not retry (`max_retries=0`): a retried completion whose first attempt
 did finish would be recorded twice and break the session's chain. The endpoint already
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from areal_ray.rollout.engine_client import EngineClient
 
 AGENT_KEY = "rollout.workflow_kwargs.agent"
+SESSION_LOST = 410  # the endpoint's status for a session its restarted replica held
 MULTI_SAMPLE = ("last", "reject")
 
 
@@ -125,10 +129,13 @@ class AgentWorkflow:
             "temperature": self.config.temperature, "max_tokens": self.config.max_new_tokens})
         _check(res)
 
-    async def _samples(self, sid: str) -> list[Sample]:
+    async def _samples(self, sid: str) -> list[Sample] | None:
+        """The session's Samples; None when the endpoint lost it."""
         res = await self.http().get(f"{self.base_url}/sessions/{sid}", headers=self._auth())
         if res.status_code == 404:  # the agent made no call
             return []
+        if res.status_code == SESSION_LOST:
+            return None
         _check(res)
         return [Sample(**s) for s in res.json()["samples"]]
 
@@ -151,10 +158,12 @@ class AgentWorkflow:
                                            return_exceptions=True)
             for a in answers:
                 if isinstance(a, BaseException):
+                    if getattr(a, "status_code", None) == SESSION_LOST:  # openai.APIStatusError
+                        return None
                     raise a
             if any(a is None for a in answers):
                 return None
-            picked = [pick_sample(s, self.multi_sample)
+            picked = [None if s is None else pick_sample(s, self.multi_sample)
                       for s in await asyncio.gather(*[self._samples(sid) for sid in sids])]
             if any(s is None for s in picked):
                 return None

@@ -15,8 +15,8 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from starlette.requests import Request
 
-from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.engines.hf import HFEngine
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.rollout.openai.protocol import APIError, Defaults, stop_ids
@@ -116,7 +116,8 @@ def test_stop_strings_are_stop_ids_and_end_the_output(engine):
 
 @pytest.mark.parametrize("body,needle", [
     ({"stop": ""}, "0 tokens"),
-    ({"n": 2}, "n must be 1"),
+    ({"n": 17}, "n must be an integer in [1, 16]"),
+    ({"n": 2, "stream": True}, "stream=true with n > 1 is not supported"),
     ({"stream": "yes"}, "stream must be a boolean"),
     ({"stream": True, "stream_options": 1}, "stream_options must be"),
     ({"top_p": 0.5}, "top_p"),
@@ -243,10 +244,13 @@ def http_request(body: dict, key: str | None = KEY) -> Request:
 
 
 def handler(engine, max_request_bytes=1 << 20):
-    """The deployment's methods on a service, without Serve."""
+    """The deployment's methods on a service, without Serve: one shard."""
+    from areal_ray.rollout.openai.affinity import MemoryKV, SessionRegistry
     from areal_ray.rollout.openai.auth import RequestGuard
+    from deployments.openai_api import SessionShard
     cls = OpenAIServer.func_or_class
-    server = SimpleNamespace(service=service(engine), guard=RequestGuard(KEY, max_request_bytes))
+    local = SessionShard.of(service(engine), SessionRegistry(MemoryKV(), "t", "i0", "OpenAI-0#t"), "OpenAI-0#t")
+    server = SimpleNamespace(local=local, guard=RequestGuard(KEY, max_request_bytes), shards=[], n=1)
     server._serve = MethodType(cls._serve, server)
     return cls, server
 
@@ -271,7 +275,7 @@ def test_the_handler_checks_the_key_then_the_size_before_the_body(engine, key, s
     assert res.status_code == status
     if status != 200:
         assert json.loads(res.body)["error"]["message"]
-    assert (server.service.store.get("auth") is not None) == (status == 200)
+    assert (server.local.service.store.get("auth") is not None) == (status == 200)
 
 
 def test_a_full_store_is_a_429_and_session_ids_are_checked(engine):
@@ -336,8 +340,24 @@ def test_the_endpoint_checks_with_the_models_limits_and_the_runs_max_new_tokens(
     assert user_class.__name__ == "OpenAIServer"
     server = SimpleNamespace()
     user_class.__init__(server, None, random_model_dir, EndpointOptions.from_config(cfg.rollout))
-    svc = server.service
+    svc = server.local.service
     assert svc.limits == RequestLimits(87, context) and svc.max_tokens_cap == 12
     assert svc.defaults.max_tokens == 12
     assert (svc.store.max_session_bytes, svc.store.max_sessions) == (4096, 5)
     assert server.guard.api_key == KEY and KEY not in repr(EndpointOptions.from_config(cfg.rollout))
+
+
+def test_n_choices_are_each_recorded_as_their_own_sample(engine):
+    """n=3 with a stop string (each choice pauses on its own): 3 choices, usage counting
+    every choice's tokens once the prompt, 3 calls and 3 Samples of the same prompt ids."""
+    svc = service(engine)
+    got = run(svc.completions("n", {"model": "m", "prompt": "12+3=", "n": 3, "max_tokens": 4,
+                                    "stop": ["+1"], "return_token_ids": True}))
+    comp = Completion.model_validate(got)
+    assert [c.index for c in comp.choices] == [0, 1, 2]
+    calls = svc.session("n")["calls"]
+    assert [c["output_ids"] for c in calls] == [c.model_extra["token_ids"] for c in comp.choices]
+    assert comp.usage.completion_tokens == sum(len(c["output_ids"]) for c in calls)
+    assert comp.usage.prompt_tokens == len(calls[0]["prompt_ids"])
+    samples = svc.session("n")["samples"]
+    assert len(samples) == 3 and len({tuple(s["prompt_ids"]) for s in samples}) == 1

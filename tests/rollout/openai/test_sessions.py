@@ -98,6 +98,27 @@ def test_a_call_that_finished_in_between_breaks_the_chain():
     assert [len(x) for x in s.chains()] == [2, 1]
 
 
+def test_n_choices_fork_the_session_and_the_next_request_continues_the_one_it_carries():
+    """A request with 2 choices after one call: each choice is its own Sample (its
+    prompt holds the first call's ids), the next request extends the choice its text
+    starts with, and the chain holding the last call is the last Sample."""
+    s = Session("s", encode, decode)
+    call(s, "c", [1])  # call 0: "c" -> "a"
+    p, e = s.prompt_ids("ca|")
+    assert (p, e) == ([3, 1, 4], 0)
+    s.record_turn("ca|", p, e, [out([1]), out([2])])  # calls 1 ("a") and 2 ("b")
+    assert [c.extends for c in s.calls] == [None, None, None] and s.last_turn == [1, 2]
+    p3, e3 = s.prompt_ids("ca|a|")  # continues choice 1 ...
+    assert (p3, e3) == ([3, 1, 4, 1, 4], 1)
+    assert s.prompt_ids("ca|b|") == ([3, 1, 4, 2, 4], 2)  # ... or would continue choice 2
+    s.record("ca|a|", p3, e3, out([3]))
+    chains = s.chains()
+    assert [[s.calls.index(c) for c in chain] for chain in chains] == [[0], [2], [1, 3]]
+    samples = s.samples()
+    assert samples[-1].prompt_ids == [3, 1, 4] and samples[-1].output_ids == [1, 4, 3]
+    assert samples[-1].loss_mask == [1, 0, 1] and samples[1].output_ids == [2]
+
+
 def test_token_prompts_chain_on_ids():
     s = Session("s", encode, decode)
     p0, _ = s.prompt_ids_of_tokens([3])

@@ -20,9 +20,15 @@ from areal_ray.rollout.openai.protocol import APIError, Defaults, check_tools, r
 from areal_ray.rollout.openai.service import OpenAIService
 from areal_ray.rollout.openai.sessions import SessionStore
 from areal_ray.rollout.openai.sse import EventStream
-from areal_ray.rollout.openai.tool_calls import (ToolCallParser, call_ref, check_tool_parser_name,
-                                          known_tool_parsers, new_call_id, output_digest,
-                                          replay_messages)
+from areal_ray.rollout.openai.tool_calls import (
+    ToolCallParser,
+    call_ref,
+    check_tool_parser_name,
+    known_tool_parsers,
+    new_call_id,
+    output_digest,
+    replay_messages,
+)
 from tests.rollout.openai.test_sse import assemble_chat
 from tests.rollout.workflows.test_base import _Method
 
@@ -162,6 +168,25 @@ class ScriptedApp:
 def scripted_service(tokenizer, parser, outputs):
     return OpenAIService(tokenizer, EngineClient(ScriptedApp(tokenizer, outputs)), Defaults(200, 1.0),
                          SessionStore(16, 600), model_name="tiny", tool_parser=parser)
+
+
+def asgi_app(svc, bodies: list):
+    """The chat route over `svc` as an ASGI app (for agent frameworks' clients through
+    httpx.ASGITransport, in this process); each request's body is appended to `bodies`."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    api = FastAPI()
+
+    @api.post("/sessions/{sid}/v1/chat/completions")
+    async def chat(sid: str, request: Request):
+        bodies.append(await request.json())
+        try:
+            got = await svc.chat(sid, bodies[-1])
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        return got.response() if isinstance(got, EventStream) else JSONResponse(got)
+    return api
 
 
 def test_a_tool_call_round_trip_is_one_recorded_sample(tokenizer, hermes):

@@ -15,8 +15,8 @@ import torch
 from areal_ray.config import ConfigError, load_config
 from areal_ray.data.pipeline import LATE, before_deadline
 from areal_ray.plugins import PluginError
-from areal_ray.rollout.workflows.agent import AgentWorkflow, pick_sample, resolve_endpoint
 from areal_ray.rollout.openai.protocol import APIError
+from areal_ray.rollout.workflows.agent import AgentWorkflow, pick_sample, resolve_endpoint
 from areal_ray.rollout.workflows.base import EpisodeConfig
 from areal_ray.types import Sample
 from tests.rollout.openai.test_service import engine, service  # noqa: F401 - fixture
@@ -167,6 +167,30 @@ def test_the_run_fills_in_the_endpoint_url_and_key():
                                                        "rollout.openai.enabled=true"]))
     resolve_endpoint(load_config(None, []))  # the single-turn workflow takes no URL
 
+
+
+def test_a_session_the_endpoint_lost_rejects_the_row(engine):  # noqa: F811
+    """A 410 (the endpoint replica holding a session restarted) on an agent's call or on
+    the fetch of its Samples: the row is rejected, not the run failed."""
+    from areal_ray.rollout.openai.affinity import SessionLost
+    svc, calls = service(engine), []
+    chat, session = svc.chat, svc.session
+
+    async def lose_the_second(sid, body):
+        calls.append(sid)
+        if len(calls) == 2:
+            raise SessionLost(sid, "OpenAI-1#dead")
+        return await chat(sid, body)
+    svc.chat = lose_the_second
+    assert asyncio.run(workflow(svc, 2, agent=AGENT).arun_episode(None, ROW)) is None
+    svc.chat = chat
+
+    def lost_fetch(sid):
+        raise SessionLost(sid, "OpenAI-1#dead")
+    svc.session = lost_fetch
+    assert asyncio.run(workflow(svc, 2, agent=AGENT).arun_episode(None, ROW)) is None
+    svc.session = session
+    assert len(svc.store) == 0
 
 
 def test_an_endpoint_refusal_fails_the_episode_with_its_message(engine):  # noqa: F811

@@ -9,28 +9,16 @@ import asyncio
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
-from areal_ray.rollout.openai.protocol import APIError
-from areal_ray.rollout.openai.sse import EventStream
-from tests.rollout.openai.test_tool_calls import CALL_TEXT, hermes, scripted_service, tokenizer  # noqa: F401
+from tests.rollout.openai.test_tool_calls import (  # noqa: F401 - fixtures
+    CALL_TEXT,
+    asgi_app,
+    hermes,
+    scripted_service,
+    tokenizer,
+)
 
 agents = pytest.importorskip("agents")
-
-
-def asgi_app(svc, bodies: list) -> FastAPI:
-    api = FastAPI()
-
-    @api.post("/sessions/{sid}/v1/chat/completions")
-    async def chat(sid: str, request: Request):
-        bodies.append(await request.json())
-        try:
-            got = await svc.chat(sid, bodies[-1])
-        except APIError as e:
-            return JSONResponse(e.body(), status_code=e.status)
-        return got.response() if isinstance(got, EventStream) else JSONResponse(got)
-    return api
 
 
 @pytest.mark.parametrize("streamed", [False, True])
