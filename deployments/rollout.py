@@ -37,6 +37,7 @@ from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.task.tokenizer import load_tokenizer
+from areal_ray.weights.adapter import Adapter
 from areal_ray.weights.encoding import NCCL_ENV
 from areal_ray.weights.receivers import WeightReceiver
 
@@ -159,9 +160,13 @@ class RolloutServer:
                 if self.released:
                     await self.engine.resume_memory()
                     self.released = False
-            info = await (self.engine.update_weights_from_buckets(buckets, version, self.update_mode)
-                          if buckets is not None else
-                          self.engine.update_weights(state_dict, version, self.update_mode))
+            if buckets is not None:
+                update = self.engine.update_weights_from_buckets(buckets, version, self.update_mode)
+            elif isinstance(state_dict, Adapter):  # model.lora: applied to the engine's base
+                update = self.engine.update_adapter(state_dict, version, self.update_mode)
+            else:
+                update = self.engine.update_weights(state_dict, version, self.update_mode)
+            info = await update
             self.updates = (self.updates + [{"version": version, "start": t0, "end": time.time(),
                                              **info}])[-16:]
         finally:

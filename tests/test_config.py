@@ -3,8 +3,16 @@ from pathlib import Path
 
 import pytest
 
-from areal_ray.config import (AdvEstimator, Config, ConfigError, RolloutBackend, help_lines,
-                              load_config, to_dict, validate)
+from areal_ray.config import (
+    AdvEstimator,
+    Config,
+    ConfigError,
+    RolloutBackend,
+    help_lines,
+    load_config,
+    to_dict,
+    validate,
+)
 from areal_ray.config.choices import Choice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,6 +108,16 @@ CHECKS = [
     (["rollout.engine_kwargs.tensor_parallel_size=2", "rollout.num_gpus=1"],
      r"tensor parallel over 2 GPUs .* needs rollout.num_gpus=2"),
     (["rollout.engine_kwargs.tp_size=4", "rollout.num_gpus=2"], r"tensor parallel over 4 GPUs"),
+    (["model.lora.rank=0"], r"model.lora.rank must be >= 1 \(got 0\)"),
+    (["model.lora.alpha=0"], "model.lora.alpha must be > 0"),
+    (["model.lora.dropout=1"], r"model.lora.dropout must be in \[0, 1\)"),
+    (["model.lora.target_modules=[]"], "model.lora.target_modules must name at least one module"),
+    # LoRA pushes only the adapter: paths and engines that cannot carry one are refused
+    (["model.lora.enabled=true"], r"weights.path=auto does not carry yet.*shm, object_store \(auto may"),
+    (["model.lora.enabled=true", "weights.path=collective"], "weights.path=collective does not carry"),
+    (["model.lora.enabled=true", "weights.path=disk"], "weights.path=disk does not carry"),
+    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm"],
+     r"rollout.backend=vllm cannot apply a pushed adapter.*rollout.backend=hf"),
 ]
 
 
@@ -134,6 +152,14 @@ def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
         load_config(None, [f"{key}={bad}"])
     msg = str(e.value)
     assert f"{key}: " in msg and repr(bad) in msg and f"[{allowed}]" in msg, msg
+
+
+def test_lora_is_off_by_default_and_accepted_on_the_paths_that_carry_it():
+    assert not load_config(None, []).model.lora.enabled
+    for path in ("shm", "object_store"):
+        cfg = load_config(None, ["model.lora.enabled=true", f"weights.path={path}",
+                                 "model.lora.rank=4", "model.lora.alpha=8"])
+        assert cfg.model.lora.scaling == 2.0
 
 
 def test_choices_read_as_their_strings():

@@ -40,7 +40,7 @@ from areal_ray.config.choices import (
 )
 from areal_ray.config.eval import EvalConfig
 from areal_ray.config.load import help_lines, load_config, to_dict, validate
-from areal_ray.config.model import ModelConfig
+from areal_ray.config.model import LoraConfig, ModelConfig
 from areal_ray.config.reward import RewardConfig
 from areal_ray.config.rollout import RolloutConfig
 from areal_ray.config.root import Config
@@ -54,7 +54,7 @@ __all__ = [
     "AdvEstimator", "AdvNorm", "AdvantageConfig", "AlgoConfig", "Batching", "Choice",
     "CollectiveBackend", "Config", "ConfigError", "CriticConfig", "DynamicFilterConfig",
     "EvalConfig", "ImportanceLevel", "KlEstimator", "LossConfig", "LrSchedule", "MasterDtype",
-    "MicrobatchConfig", "ModelConfig", "OptimConfig", "ProxLogp", "RewardConfig",
+    "LoraConfig", "MicrobatchConfig", "ModelConfig", "OptimConfig", "ProxLogp", "RewardConfig",
     "RewardShapingConfig", "RolloutBackend", "RolloutConfig", "Router", "RunConfig",
     "TaskConfig", "TrainConfig", "WeightPath", "WeightsConfig", "help_lines", "load_config",
     "opt", "to_dict", "validate",

@@ -51,6 +51,28 @@ def check_across(cfg: Config) -> None:
     require(tp == 1 or cfg.rollout.num_gpus >= tp,
             f"rollout.num_gpus={cfg.rollout.num_gpus:g} but the engine is tensor parallel over {tp} "
             f"GPUs (rollout.engine_kwargs): each replica needs rollout.num_gpus={tp}")
+    check_lora(cfg)
     require("flash" not in cfg.model.attn_implementation or cfg.train.use_gpu,
             f"model.attn_implementation={cfg.model.attn_implementation} needs train.use_gpu=true "
             "(CUDA-only kernels)")
+
+
+# Weight paths that carry a LoRA adapter on its own (an `AdapterPayload` around the
+# path's own payload); the others would need their receivers taught the same.
+LORA_PATHS = ("shm", "object_store")
+LORA_BACKENDS = ("hf",)  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+
+
+def check_lora(cfg: Config) -> None:
+    """With `model.lora.enabled`, pushes carry only the adapter: a path or an engine
+    that cannot is refused here rather than left to push full weights silently."""
+    if not cfg.model.lora.enabled:
+        return
+    require(cfg.weights.path in LORA_PATHS,
+            f"model.lora.enabled pushes only the adapter, which weights.path={cfg.weights.path} "
+            f"does not carry yet: set weights.path to one of {', '.join(LORA_PATHS)}"
+            + (" (auto may choose collective)" if cfg.weights.path == "auto" else ""))
+    require(cfg.rollout.backend in LORA_BACKENDS,
+            f"model.lora.enabled: rollout.backend={cfg.rollout.backend} cannot apply a pushed "
+            f"adapter yet (vLLM's LoRARequest is not wired); use rollout.backend="
+            f"{' or '.join(LORA_BACKENDS)}")

@@ -22,6 +22,9 @@ RESUME_GUARDED: dict[str, str] = {
                                     "max_steps_per_problem", "chain_p_stop")},
     "model.path": "the checkpoint's weights and optimizer state are this model's",
     "model.dtype": "the checkpoint's weights and optimizer state are in this dtype",
+    **{f"model.lora.{k}": "the checkpoint holds this adapter's weights and optimizer state"
+       for k in ("enabled", "rank", "target_modules")},
+    "model.lora.alpha": "the adapter's update is scaled by alpha / rank",
     "algo.batch_groups": "the checkpoint's ticket count is in steps of this many groups",
     "rollout.group_size": "what one trained group is (samples per prompt)",
     "algo.adv.estimator": "the checkpoint holds a critic only under gae",

@@ -251,6 +251,7 @@ def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
     check_memory(cfg, model_path)
+    check_lora_targets(cfg, model_path)
     check_attention(cfg.model.attn_implementation, cfg.train.use_gpu)  # before any worker loads it
     resolve_endpoint(cfg)  # the endpoint's key; an agent workflow's base_url and api_key
     verifiers = check_plugins(cfg)  # rollout.workflow, reward.checkers: bad paths fail here
@@ -346,7 +347,7 @@ def run_training(cfg: Config) -> dict:
             if cfg.run.eval_after else None
         if after:
             print(f"[areal-ray] eval after: {eval_line(after)}", flush=True)
-        final_dir = save_final_model(driver, model_path, run_dir / "final_model")
+        final_dir = save_final_model(driver, model_path, run_dir / "final_model", cfg)
         n_prior = sum(r["version"] <= (tail.start_version or 0) for r in steps)
         loads = ray.get(driver.replica_loads.remote())
         summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start, n_prior)
@@ -419,10 +420,28 @@ def driver_lost(driver_name: str, cfg: Config, run_dir: Path) -> str:
             f"staleness gate and the weight publications): {where}")
 
 
-def save_final_model(driver, model_path: str, out: Path) -> Path:
+def check_lora_targets(cfg: Config, model_path: str) -> None:
+    """model.lora's targets against the model's config (no weights read), before Ray."""
+    if cfg.model.lora.enabled:
+        from areal_ray.train.lora import check_model_targets
+        try:
+            check_model_targets(model_path, list(cfg.model.lora.target_modules))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def save_final_model(driver, model_path: str, out: Path, cfg: Config) -> Path:
+    """The last published weights in HF format; with LoRA the last adapter merged into
+    the base, and the adapter alone in peft's format in `out/adapter`."""
     _, weights = ray.get(driver.latest_weights.remote())
     if weights is None:  # nothing was trained: the initial model
         return save_hf(AutoModelForCausalLM.from_pretrained(model_path).state_dict(), model_path, out)
+    if cfg.model.lora.enabled:
+        from areal_ray.train.lora import save_lora_model
+        from areal_ray.weights.adapter import Adapter
+        from areal_ray.weights.payloads import AdapterMeta
+        meta = AdapterMeta.from_config(cfg.model.lora, model_path)
+        return save_lora_model(Adapter(meta, state_from(ray.get(weights[0]))), model_path, out)
     return save_hf(state_from(ray.get(weights[0])), model_path, out)
 
 

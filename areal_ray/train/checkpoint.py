@@ -8,7 +8,9 @@ A checkpoint taken after step t (policy version v = t + 1) is one directory:
                        so a run resumes on a different number of trainer workers
   model/               the policy in HF format (config, safetensors, tokenizer), from the
                        full weights rank 0 gathers for the weight push anyway: transformers,
-                       vLLM and SGLang load it as is (`train.checkpoint_hf_model`)
+                       vLLM and SGLang load it as is (`train.checkpoint_hf_model`); with
+                       LoRA the merged model, and the adapter in peft's format in
+                       model/adapter/ (train/lora.py: `save_lora_model`)
   scheduler.pt         the LR scheduler's state
   trainer_state.json   version, next ticket, rejected count, consumed prompt
                        positions: what the staleness gate and the pipeline need to
@@ -61,7 +63,11 @@ import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from areal_ray.task.tokenizer import load_tokenizer
@@ -142,11 +148,23 @@ def _trained(models) -> list[tuple[str, object, object]]:
             if model is not None]
 
 
+def _options(model) -> StateDictOptions:
+    """A model with frozen parameters (the base under a LoRA adapter) saves and loads
+    only what trains: the frozen ones are the model's own files, rebuilt on every start,
+    and a checkpoint of a 7B base with an 8M adapter stays the adapter's size."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def sharded_state(models) -> dict:
     """The models' and optimizers' state as DCP sees it: each rank's own shards (DTensors)."""
     out = {}
     for name, model, opt in _trained(models):
-        msd, osd = get_state_dict(model, opt)
+        options = _options(model)
+        msd, osd = get_state_dict(model, opt, options=options)
+        if options.ignore_frozen_params:  # a tied alias of a frozen weight still shows up
+            trains = {n for n, p in model.named_parameters() if p.requires_grad}
+            msd = {k: v for k, v in msd.items() if k in trains}
         out[name] = {"model": msd, "optim": osd}
     return out
 
@@ -162,7 +180,7 @@ def load_sharded(models, path: Path) -> None:
     dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner())
     for name, model, opt in _trained(models):
         set_state_dict(model, opt, model_state_dict=state[name]["model"],
-                       optim_state_dict=state[name]["optim"])
+                       optim_state_dict=state[name]["optim"], options=_options(model))
 
 
 def save_hf(weights: dict, model_src: str, out: Path) -> Path:
@@ -178,8 +196,11 @@ def save_hf(weights: dict, model_src: str, out: Path) -> Path:
 
 
 def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
-                    hf_model: bool = True, keep: int = 0) -> None:
-    """Every rank: `weights` is the policy's full state dict (filled on rank 0 only).
+                    hf_model: bool = True, keep: int = 0, adapter=None) -> None:
+    """Every rank: `weights` is the policy's full state dict (filled on rank 0 only), or
+    with LoRA (`adapter`: the pushes' `AdapterMeta`) the adapter's
+    tensors as pushed; the sharded state then holds only the adapter and its optimizer
+    state (`_options`).
     Once every rank's part is in storage, rank 0 seals the checkpoint and prunes the
     complete ones beyond the `keep` newest (0: none)."""
     rank = dist.get_rank() if _distributed() else 0
@@ -189,7 +210,11 @@ def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate()},
                    d / f"rng_rank{rank}.pt")
         if rank == 0:
-            if hf_model:
+            if hf_model and adapter is not None:
+                from areal_ray.train.lora import save_lora_model
+                from areal_ray.weights.adapter import Adapter
+                save_lora_model(Adapter(adapter, weights), model_src, d / "model")
+            elif hf_model:
                 save_hf(weights, model_src, d / "model")
             torch.save(models.sched.state_dict(), d / "scheduler.pt")
             (d / STATE_FILE).write_text(json.dumps(trainer_state))

@@ -32,7 +32,8 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable: bool = True,
                        attn_implementation: str = "", device: torch.device | str = "cpu",
-                       master_dtype: str = "", activation_checkpointing: bool = False):
+                       master_dtype: str = "", activation_checkpointing: bool = False,
+                       lora=None):
     """`build(path, dtype=..., [attn_implementation=...])` makes the unsharded model
     (default: the causal LM); `trainable=False` freezes it (the KL reference model).
     `master_dtype` (e.g. float32 under a bfloat16 `dtype`) is the dtype the parameters
@@ -42,11 +43,18 @@ def load_sharded_model(path: str, dtype: str = "float32", build=None, trainable:
 
     `activation_checkpointing` uses transformers' own (each decoder layer is a
     GradientCheckpointingLayer, recomputed in the backward, non-reentrant so it composes
-    with FSDP2's hooks); it applies in train mode only, so no-grad passes are unchanged."""
+    with FSDP2's hooks); it applies in train mode only, so no-grad passes are unchanged.
+
+    `lora` (`model.lora`, when enabled) injects peft's adapter before sharding, so the
+    adapter's parameters are sharded with their decoder layer and are the only ones
+    that require grad (areal_ray/train/lora.py)."""
     build = build or AutoModelForCausalLM.from_pretrained
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     device = torch.device(device)
     model = build(path, dtype=getattr(torch, master_dtype or dtype), **kwargs)
+    if lora is not None and lora.enabled and trainable:
+        from areal_ray.train.lora import apply_lora
+        model = apply_lora(model, lora)
     sharded = dist.is_available() and dist.is_initialized()
     if not (sharded and device.type == "cuda"):
         model = model.to(device)

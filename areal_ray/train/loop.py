@@ -15,8 +15,9 @@ Per step t, on every worker:
   2. shaped rewards -> advantages per group (GRPO, Dr.GRPO, RLOO) or outcome rewards
      for GAE; per-sample staleness t - min(versions);
   3. train_step (train/step.py): micro-batches, proximal logprobs, PPO update(s);
-  4. push version t+1 to every rollout replica (train/push.py: a collective group,
-     the object store or disk, per `weights.path`), then rank 0 records the step;
+  4. push version t+1 to every rollout replica (weights/push.py: a collective group,
+     the object store, shm or disk, per `weights.path`; with `model.lora` only the
+     adapter), then rank 0 records the step;
   5. every `train.checkpoint_every` steps, a resume checkpoint (train/checkpoint.py).
 """
 
@@ -48,11 +49,11 @@ from areal_ray.train.checkpoint import (
 )
 from areal_ray.train.critic import load_critic
 from areal_ray.train.feeder import ShardFeeder, StepAssembler
-from areal_ray.train.fsdp import full_state_dict, load_sharded_model
+from areal_ray.train.fsdp import load_sharded_model
+from areal_ray.train.lora import adapter_meta, trainable_parameters
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
 from areal_ray.types import Group
-from areal_ray.weights.encoding import put_state
 from areal_ray.weights.push import WeightPusher
 
 
@@ -136,9 +137,11 @@ def build_models(cfg: Config, model_path: str, policy_path: str) -> Models:
     dev = worker_device(cfg.train.use_gpu)
     policy = load_sharded_model(policy_path, cfg.model.dtype, attn_implementation=attn, device=dev,
                                 master_dtype=master,
-                                activation_checkpointing=cfg.train.activation_checkpointing)
+                                activation_checkpointing=cfg.train.activation_checkpointing,
+                                lora=cfg.model.lora)
     optim = cfg.algo.optim
-    opt = torch.optim.AdamW(policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
+    # With LoRA only the adapter trains: the optimizer holds state for nothing else.
+    opt = torch.optim.AdamW(trainable_parameters(policy), lr=optim.lr, weight_decay=optim.weight_decay,
                             betas=(0.9, 0.95), eps=1e-8)
     m = Models(policy, opt, make_scheduler(opt, cfg.train.steps, optim.lr_warmup_steps,
                                            optim.lr_schedule))
@@ -168,14 +171,19 @@ def train_loop_per_worker(config: dict) -> None:
     pad_id = m.policy.config.pad_token_id if m.policy.config.pad_token_id is not None else 0
     start = state["version"]
     consumed = list(state["consumed"])
+    # LoRA: every publication is the adapter, with the base it must be applied to.
+    adapter = adapter_meta(m.policy, cfg.model.lora, config["model_path"], cfg.model.dtype) \
+        if cfg.model.lora.enabled else None
+    pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"],
+                          owner=tag_of_driver(config["driver_name"]) or "", adapter=adapter)
 
     # Replicas must serve exactly this run's version-`start` weights before any group
     # is admitted (a rollback after a failure, or a resumed run on fresh replicas).
     publish = ray.get(driver.version.remote()) != start
-    weights = full_state_dict(m.policy) if publish else None
+    weights = pusher.gather(m.policy) if publish else None
     if rank == 0:
         ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,
-                                      put_state(weights) if publish else None))
+                                      pusher.object_payload(weights) if publish else None))
         print(f"[areal-ray] trainer starts at version {start}"
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
@@ -190,8 +198,6 @@ def train_loop_per_worker(config: dict) -> None:
             on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
     recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.from_config(cfg).seed) \
         if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
-    pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"],
-                          owner=tag_of_driver(config["driver_name"]) or "")
     t_start = t_prev = time.perf_counter()
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)
@@ -223,7 +229,7 @@ def train_loop_per_worker(config: dict) -> None:
             save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
                                                       consumed),
                             config["model_path"], cfg.train.checkpoint_hf_model,
-                            keep=cfg.run.keep_checkpoints)
+                            keep=cfg.run.keep_checkpoints, adapter=adapter)
         if dist.is_initialized():
             dist.barrier()
         if stop:
@@ -233,7 +239,8 @@ def train_loop_per_worker(config: dict) -> None:
             break
     if rank == 0:  # the driver keeps the final weights (late replicas, the final model)
         trained = start < cfg.train.steps
-        final = put_state(weights) if trained and cfg.weights.path != "object_store" else None
+        final = pusher.object_payload(weights) \
+            if trained and cfg.weights.path != "object_store" else None
         ray.get(driver.close.remote(final))
         pusher.close()
 

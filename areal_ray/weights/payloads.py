@@ -95,3 +95,43 @@ class CollectivePayload(WeightPayload):
 
     def admits(self, replica_id: str) -> bool:
         return replica_id in self.ranks
+
+
+@dataclass(frozen=True)
+class AdapterMeta:
+    """What a replica needs to apply a LoRA adapter: the base it was trained on (`base`,
+    the model's id, and `base_digest`, the sha256 of the base weights of the adapted
+    modules in `model.dtype`, `encoding.digest`; empty: not checked), its shape (`rank`,
+    `alpha`, the `targets` peft matched) and `scaling`, the factor of B @ A."""
+    base: str
+    base_digest: str
+    rank: int
+    alpha: float
+    scaling: float
+    targets: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, lora, base: str, base_digest: str = "") -> AdapterMeta:
+        """From `model.lora` (a `config.LoraConfig`)."""
+        return cls(base, base_digest, lora.rank, lora.alpha, lora.scaling,
+                   tuple(lora.target_modules))
+
+
+@dataclass(frozen=True)
+class AdapterPayload(WeightPayload):
+    """An adapter of base `meta.base` (not full weights): `tensors` is the path's own
+    payload, carrying `<module>.lora_A` and `<module>.lora_B` per adapted module
+    (`weights/adapter.py`). The replica applies it with `InferenceEngine.update_adapter`,
+    from the base weights it keeps; the publication's version is the adapter's."""
+    tensors: WeightPayload
+    meta: AdapterMeta
+
+    def admits(self, replica_id: str) -> bool:
+        return self.tensors.admits(replica_id)
+
+    @property
+    def object_refs(self) -> list | None:
+        return self.tensors.object_refs
+
+    async def reown(self) -> AdapterPayload:
+        return AdapterPayload(await self.tensors.reown(), self.meta)

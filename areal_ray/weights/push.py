@@ -15,6 +15,7 @@ import ray
 import torch.distributed as dist
 
 from areal_ray.config import WeightsConfig
+from areal_ray.weights.payloads import AdapterMeta, WeightPayload
 from areal_ray.weights.senders import (  # noqa: F401 - push_stats re-exported
     AUTO_PATHS,
     SenderContext,
@@ -24,10 +25,12 @@ from areal_ray.weights.senders import (  # noqa: F401 - push_stats re-exported
 
 
 class WeightPusher:
-    def __init__(self, cfg: WeightsConfig, driver, rank: int, weights_dir: str, owner: str = ""):
+    def __init__(self, cfg: WeightsConfig, driver, rank: int, weights_dir: str, owner: str = "",
+                 adapter: AdapterMeta | None = None):
+        """`adapter`: a LoRA run's meta; every push then carries only the adapter."""
         self.cfg, self.driver, self.rank = cfg, driver, rank
         self.node_id = ray.get_runtime_context().get_node_id()
-        ctx = SenderContext(cfg, driver, rank, Path(weights_dir), owner)
+        ctx = self.ctx = SenderContext(cfg, driver, rank, Path(weights_dir), owner, adapter)
         paths = AUTO_PATHS if cfg.path == "auto" else (cfg.path,)
         self.senders = {p: sender_for(p, ctx) for p in paths}
 
@@ -47,6 +50,14 @@ class WeightPusher:
             sender.follow(model)
             return {}, {}
         return sender.push(model, version, t0)
+
+    def gather(self, model) -> dict:
+        """All ranks: what a push would send (the model, or the adapter), whole on the CPU."""
+        return self.ctx.gather(model)
+
+    def object_payload(self, weights: dict) -> WeightPayload:
+        """Rank 0: `gather`'s weights in the object store, as a push publishes them."""
+        return self.ctx.object_payload(weights)
 
     @staticmethod
     def _agree(path: str) -> str:

@@ -7,7 +7,9 @@ block (file reads, a broadcast) run in a thread, so the replica keeps generating
 weights arrive; only the engine's swap holds generation.
 
 `WeightReceiver.receiver_for` is the one place that maps a payload type to its
-receiver. A replica keeps one receiver per path for its lifetime because two of them
+receiver. An `AdapterPayload` (a LoRA adapter, `model.lora`) wraps another path's
+payload: its receiver receives that one and hands the engine an `Adapter` (the
+tensors and the meta) instead of a state dict. A replica keeps one receiver per path for its lifetime because two of them
 hold state between pushes: the shm receiver its file mappings (their page tables are
 filled once), the collective one its group of the current epoch.
 
@@ -24,9 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from areal_ray.weights.adapter import Adapter
 from areal_ray.weights.encoding import read_shared, state_from
 from areal_ray.weights.group import WeightGroup
 from areal_ray.weights.payloads import (
+    AdapterPayload,
     CollectivePayload,
     DiskPayload,
     ObjectStorePayload,
@@ -142,6 +146,18 @@ class CollectiveReceiver:
         return self._group
 
 
+class AdapterReceiver:
+    """The wrapped payload's tensors, through that path's receiver, as an `Adapter`."""
+
+    def __init__(self, receivers: WeightReceiver):
+        self.receivers = receivers
+
+    async def receive(self, payload: AdapterPayload) -> Adapter:
+        adapter = Adapter(payload.meta, await self.receivers.receive(payload.tensors))
+        adapter.check()
+        return adapter
+
+
 # Each payload type's receiver, built from the replica's (id, timeout_s, backend).
 _RECEIVERS = {
     ObjectStorePayload: lambda *_: ObjectStoreReceiver(),
@@ -162,14 +178,20 @@ class WeightReceiver:
         """The receiver of `payload`'s path (the one dispatch on payload types)."""
         kind = type(payload)
         if kind not in self._receivers:
-            if kind not in _RECEIVERS:
+            if kind is AdapterPayload:  # around another path's payload: receives through it
+                self._receivers[kind] = AdapterReceiver(self)
+            elif kind not in _RECEIVERS:
                 raise TypeError(f"no weight receiver for {kind.__name__}: a payload is one of "
-                                f"{', '.join(t.__name__ for t in _RECEIVERS)}")
-            self._receivers[kind] = _RECEIVERS[kind](self.replica_id, self.timeout_s, self.backend)
+                                f"{', '.join(t.__name__ for t in _RECEIVERS)}, or an "
+                                f"{AdapterPayload.__name__} around one")
+            else:
+                self._receivers[kind] = _RECEIVERS[kind](self.replica_id, self.timeout_s,
+                                                         self.backend)
         return self._receivers[kind]
 
-    async def receive(self, payload: WeightPayload) -> StateDict:
-        """The publication's state dict. Raises if a collective transfer fails."""
+    async def receive(self, payload: WeightPayload) -> StateDict | Adapter:
+        """The publication's state dict (an `Adapter` for an adapter's). Raises if a
+        collective transfer fails."""
         return await self.receiver_for(payload).receive(payload)
 
     def streams(self, payload: WeightPayload) -> bool:

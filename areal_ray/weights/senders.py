@@ -20,6 +20,12 @@ trainer get half the bytes, through the object store and onto /dev/shm alike); t
 weights a push returns stay in the trained dtype, since checkpoints are written from
 them.
 
+With a LoRA adapter (`SenderContext.adapter`, from `model.lora`) the staged paths
+gather and publish only the adapter's tensors, wrapped in an `AdapterPayload` with its
+meta; the weights a push returns are then the adapter's (checkpoints and the final
+model merge them, areal_ray/train/lora.py). The collective path does not carry
+adapters (the config refuses the combination, config/root.py: `check_lora`).
+
 Stats per push (`push_stats`): path, bytes, gather / transfer / load seconds.
 """
 
@@ -38,7 +44,7 @@ from areal_ray.config import WeightsConfig
 from areal_ray.train.fsdp import full_state_dict
 from areal_ray.weights.encoding import SharedMemoryWeights, manifest_of, put_state
 from areal_ray.weights.group import WeightGroup
-from areal_ray.weights.payloads import DiskPayload, WeightPayload
+from areal_ray.weights.payloads import AdapterMeta, AdapterPayload, DiskPayload, WeightPayload
 
 # What `weights.path=auto` chooses between, per push (`WeightPusher.choose_path`).
 AUTO_PATHS = ("shm", "collective")
@@ -77,6 +83,24 @@ class SenderContext:
     rank: int
     weights_dir: Path
     owner: str = ""  # the job's tag (ownership.Owned): names the shm files
+    adapter: AdapterMeta | None = None  # model.lora: push the adapter, not the model
+
+    def gather(self, model) -> dict[str, torch.Tensor]:
+        """What a push sends, whole on the CPU (a collective on every trainer rank): the
+        full state dict, or the LoRA adapter's tensors only."""
+        if self.adapter is not None:
+            from areal_ray.train.lora import adapter_state
+            return adapter_state(model)
+        return full_state_dict(model)
+
+    def wrap(self, payload: WeightPayload) -> WeightPayload:
+        """The path's payload as published: an adapter's says whose and how to apply it."""
+        return payload if self.adapter is None else AdapterPayload(payload, self.adapter)
+
+    def object_payload(self, weights: dict[str, torch.Tensor]) -> WeightPayload:
+        """`weights` (what `gather` returned) in the object store, as published: the
+        trainer's restore and its final weights go to the driver this way."""
+        return self.wrap(put_state(weights))
 
 
 class StagedSender:
@@ -92,11 +116,12 @@ class StagedSender:
         raise NotImplementedError
 
     def follow(self, model) -> None:
-        full_state_dict(model)
+        self.ctx.gather(model)
 
     def push(self, model, version: int, t0: float) -> tuple[dict, dict]:
-        """Rank 0: (full weights on CPU, push stats); `t0` is when the push began."""
-        weights = full_state_dict(model)
+        """Rank 0: (full weights, or the adapter, on CPU; push stats); `t0` is when the
+        push began."""
+        weights = self.ctx.gather(model)
         gather_s = time.perf_counter() - t0
         stats = self.publish(version, weights)
         stats.update(push_gather_s=gather_s, push_total_s=time.perf_counter() - t0)
@@ -105,7 +130,7 @@ class StagedSender:
     def publish(self, version: int, weights: dict[str, torch.Tensor]) -> dict:
         """Stage and publish gathered weights; returns once every replica serves them."""
         t0 = time.perf_counter()
-        payload = self.stage(version, weights)
+        payload = self.ctx.wrap(self.stage(version, weights))
         stage_s = time.perf_counter() - t0
         push = ray.get(self.ctx.driver.push_weights.remote(version, payload))
         return push_stats(self.path, self.sent_bytes(weights), stage_s, push)
@@ -176,6 +201,9 @@ class CollectiveSender:
     path = "collective"
 
     def __init__(self, ctx: SenderContext):
+        if ctx.adapter is not None:
+            raise ValueError("the collective path does not carry LoRA adapters: "
+                             "weights.path=shm or object_store")
         self.ctx = ctx
         self.fallback = ObjectStoreSender(ctx)
         self.group: WeightGroup | None = None

@@ -140,6 +140,12 @@ class InferenceEngine(ABC):
         """As `update_weights`, from an async iterator of flat buckets (`streams_buckets`)."""
         raise NotImplementedError(f"{type(self).__name__} does not stream weight buckets")
 
+    async def update_adapter(self, adapter, version: int, mode: str = "abort") -> dict:
+        """As `update_weights`, for a LoRA adapter (`weights.adapter.Adapter`, `model.lora`):
+        the adapted modules' weights become base + (B @ A) * scaling, always from the base
+        weights the engine loaded, never on top of the previous adapter."""
+        raise NotImplementedError(f"{type(self).__name__} cannot apply a LoRA adapter")
+
     async def release_memory(self) -> None:
         """pause("abort"), keep admission closed, free the engine's GPU memory (KV cache,
         and what else the backend can give back) for another user of the GPU."""

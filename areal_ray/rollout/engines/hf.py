@@ -45,6 +45,14 @@ prompt + partial output, whose KV cache is recomputed under the new weights), mo
 "wait" holds new requests back until the running ones finish. Weights change only
 while no request runs, so every token carries the exact version that produced it.
 
+LoRA adapters (`update_adapter`, `model.lora`) load the same way: paused, each adapted
+module's weight is recomputed as base + (B @ A) * scaling (weights/adapter.py, the
+trainer's own merge, so the weights are bit-identical to its merged model) from a copy
+of the base weights taken before the first adapter, so adapters never stack. The copy
+costs the adapted modules' weights once more (most of a decoder's parameters); its
+digest is checked against the one the trainer computed of its base, so an adapter is
+never applied to another model. A full `update_weights` makes its weights the new base.
+
 Memory (one GPU shared with the trainer): `release_memory` pauses with abort, which
 drops every cohort's KV cache, keeps new requests waiting, and hands the cached blocks
 back to CUDA (`torch.cuda.empty_cache`), so the trainer can use them; the weights stay
@@ -88,6 +96,7 @@ from areal_ray.rollout.engines.base import (
 from areal_ray.rollout.engines.kv_batch import KVBatch, new_cache
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.task.tokenizer import load_tokenizer
+from areal_ray.weights.adapter import Adapter, base_digest, merge_weight
 from areal_ray.weights.encoding import digest
 
 
@@ -158,6 +167,10 @@ class HFEngine(InferenceEngine):
         self.prefill_tokens = prefill_tokens
         self._thread: threading.Thread | None = None
         self.released = False  # release_memory ran and resume_memory has not
+        self.dtype = dtype
+        # LoRA: the adapted modules' base weights (module name -> copy), from the first
+        # adapter on; every adapter is merged into these, never into the served weights.
+        self._lora_base: dict[str, torch.Tensor] | None = None
         self._stats = {"requests": 0, "tokens": 0, "steps": 0, "prefills": 0, "prefill_tokens": 0, "aborted_requests": 0,
                        "busy_s": 0.0,
                        # rows ended by an error; forwards of several rows that raised and
@@ -236,7 +249,46 @@ class HFEngine(InferenceEngine):
         return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
                 "version": version}
 
+    async def update_adapter(self, adapter: Adapter, version: int, mode: str = "abort") -> dict:
+        """Pause, set each adapted module's weight to base + (B @ A) * scaling, serve
+        `version`, resume. The adapter is checked against the base before anything is
+        written, so a refused one leaves the served weights as they were."""
+        t0 = time.perf_counter()
+        await self.pause(mode)
+        t_paused = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.apply_adapter, adapter)
+            self.version = version
+        finally:
+            if not self.released:
+                self._reopen()
+        return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
+                "version": version, "adapter_modules": len(adapter.modules)}
+
+    def apply_adapter(self, adapter: Adapter) -> None:
+        """The weights of `adapter`'s modules, merged from the kept base (only while no
+        request runs: `update_adapter`)."""
+        adapter.check()
+        modules = dict(self.model.named_modules())
+        if self._lora_base is None:
+            missing = [m for m in adapter.modules if not hasattr(modules.get(m), "weight")]
+            if missing:
+                raise ValueError(f"the adapter adapts {missing[:3]}, which this model does not have")
+            base = {m: modules[m].weight.detach().clone() for m in adapter.modules}
+            if adapter.meta.base_digest and base_digest(base, self.dtype) != adapter.meta.base_digest:
+                raise ValueError(f"the adapter was trained on base {adapter.meta.base} with other "
+                                 "weights than this engine serves (base digests differ)")
+            self._lora_base = base
+        if set(adapter.modules) != set(self._lora_base):
+            raise ValueError(f"the adapter adapts {len(adapter.modules)} modules, the previous ones "
+                             f"{len(self._lora_base)}: the targets changed within a run")
+        with torch.no_grad():
+            for m in adapter.modules:
+                modules[m].weight.copy_(merge_weight(self._lora_base[m], *adapter.pair(m),
+                                                     adapter.meta.scaling))
+
     def load_state_dict(self, state_dict: dict) -> None:
+        self._lora_base = None  # full weights: the base of any later adapter
         # strict=False: a tied lm_head may or may not be present in the sender's dict.
         missing, unexpected = self.model.load_state_dict(
             {k: v.to(self.device) for k, v in state_dict.items()}, strict=False)
