@@ -114,6 +114,22 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _session_processes(sid: int) -> dict[int, str]:
+    """{pid: name} of the live (not zombie) processes of session `sid` (/proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z" and int(rest[3]) == sid:  # fields after the name: state ppid pgrp session
+            found[int(entry.name)] = name
+    return found
+
+
 @pytest.fixture(scope="module")
 def head_cluster(tmp_path_factory):
     """A separate cluster started the way users start one (`ray start --head`), with
@@ -133,6 +149,9 @@ def head_cluster(tmp_path_factory):
                RAY_metrics_report_interval_ms="2000", TOKENIZERS_PARALLELISM="false",
                RAY_AUTH_MODE="token")  # clients send ~/.ray/auth_token only in token mode
     env.pop("RAY_ADDRESS", None)
+    # where the state API is (Ray Train's PlacementGroupCleaner asks it): this cluster's
+    # dashboard, not whichever cluster on the host auto-detection finds
+    env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{ports['dashboard']}"
     log = tmp_path_factory.mktemp("head") / "ray_start.log"
     proc = subprocess.Popen(
         [str(bindir / "ray"), "start", "--head", "--block", "--num-cpus=4",
@@ -162,22 +181,24 @@ def head_cluster(tmp_path_factory):
     yield {"gcs_address": f"127.0.0.1:{ports['gcs']}",
            "dashboard_url": f"http://127.0.0.1:{ports['dashboard']}",
            "metrics_url": f"http://127.0.0.1:{ports['metrics']}/metrics", "env": env}
-    # SIGTERM lets the raylet stop its workers; whatever is left of the group after
-    # 20 s is killed.
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    # SIGTERM to the raylet first, while the GCS still answers: it stops its workers
+    # (each in its own process group, so killpg cannot reach them; they stay in the
+    # session) and exits in well under a second. Then the rest of the session (GCS,
+    # dashboard, monitor, `ray start`) is killed. (SIGTERM to the whole group at once
+    # made the raylet take ~10 s, left an idle worker behind, and the GCS and
+    # `ray start` outlived it: the wait for the group to vanish always ran its 20 s.)
+    for pid, name in _session_processes(proc.pid).items():
+        if name == "raylet":
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + 20
+    while time.time() < deadline and any(
+            name == "raylet" or name.startswith("ray::")
+            for name in _session_processes(proc.pid).values()):
+        proc.poll()  # reap our own child
+        time.sleep(0.25)
+    for pid in _session_processes(proc.pid):
         try:
-            os.killpg(proc.pid, sig)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            break
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            proc.poll()  # reap our own child, or it stays in the group as a zombie
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        else:
-            continue
-        break
+            pass
     proc.wait(10)
