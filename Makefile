@@ -37,7 +37,7 @@ tools: venv  ## tool-use RL: the tiny model learns to call a calculator (conf/to
 
 test: venv  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
 	$(call ISOLATION_NOTE,without it tests that run code fail closed)
-	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
+	$(PY) -m pytest -q tests --ignore=tests/contract --durations=25 $(ARGS)
 	$(MAKE) test-contract
 
 $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
@@ -45,7 +45,7 @@ $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --target $(CONTRACT) -r tests/contract/requirements.txt
 	touch $@
 
-test-fast: venv  ## the unit tier: no Ray cluster, no training job (tests/conftest.py)
+test-fast: venv  ## the unit tier: no Ray cluster, no training job, no engine processes or process groups (tests/conftest.py)
 	$(PY) -m pytest -q tests --ignore=tests/contract -m unit $(ARGS)
 
 test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real sglang wheel (CPU)

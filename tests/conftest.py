@@ -11,19 +11,30 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 E2E_DIRS = {"jobs", "notebooks", "deployments"}  # the real job, a notebook, a Serve app
 RAY_FIXTURES = {"ray_cluster", "head_cluster"}
+# a real inference engine's processes or a torch.distributed process group
+ENGINE_FIXTURES = {"vllm_engine", "one_rank_group"}
 
 
 def pytest_collection_modifyitems(config, items):
     """One tier marker per test, decided here rather than by hand in each file:
     `e2e` (tests/jobs, tests/notebooks, tests/deployments: real jobs and Serve apps),
-    `ray` (a test that takes a Ray cluster fixture), `unit` (the rest: no cluster).
-    `make test-fast` runs the unit tier; `make test` runs them all."""
+    `ray` (a test that takes a Ray cluster fixture), `engine` (no cluster, but a real
+    inference engine's processes or a torch.distributed process group: a test that
+    takes a fixture of ENGINE_FIXTURES, e.g. vLLM's engine or FSDP's one-rank gloo
+    group, or is marked `engine` in its file because it starts a group itself, e.g. a
+    WeightGroup broadcast over gloo), `unit` (the rest: no cluster, no engine
+    processes, no process group). `make test-fast` runs the unit tier (kept under
+    3 minutes on 2 cores); `make test` runs them all."""
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts
+        fixtures = set(getattr(item, "fixturenames", ()))
         if parts[0] in E2E_DIRS:
             item.add_marker(pytest.mark.e2e)
-        elif RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        elif RAY_FIXTURES & fixtures:
             item.add_marker(pytest.mark.ray)
+        elif ENGINE_FIXTURES & fixtures or item.get_closest_marker("engine"):
+            if not item.get_closest_marker("engine"):
+                item.add_marker(pytest.mark.engine)
         else:
             item.add_marker(pytest.mark.unit)
 
