@@ -47,7 +47,7 @@ lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast 
 
 test: lint  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
 	$(call ISOLATION_NOTE,without it tests that run code fail closed)
-	$(PY) -m pytest -q tests --ignore=tests/contract $(ARGS)
+	$(PY) -m pytest -q tests --ignore=tests/contract --durations=25 $(ARGS)
 	$(MAKE) test-contract
 
 $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
@@ -55,7 +55,7 @@ $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --target $(CONTRACT) -r tests/contract/requirements.txt
 	touch $@
 
-test-fast: lint  ## the unit tier: no Ray cluster, no training job (tests/conftest.py)
+test-fast: lint  ## the unit tier: no Ray cluster, no training job, no engine processes or process groups (tests/conftest.py)
 	$(PY) -m pytest -q tests --ignore=tests/contract -m unit $(ARGS)
 
 test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real sglang wheel (CPU)

@@ -11,19 +11,31 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 E2E_DIRS = {"jobs", "benchmarks", "notebooks", "deployments"}  # the real job, a bench, a notebook, a Serve app
 RAY_FIXTURES = {"ray_cluster", "head_cluster"}
+# a real inference engine's processes or a torch.distributed process group
+ENGINE_FIXTURES = {"vllm_engine", "one_rank_group"}
 
 
 def pytest_collection_modifyitems(config, items):
     """One tier marker per test, decided here rather than by hand in each file:
-    `e2e` (tests/jobs, tests/benchmarks, tests/notebooks, tests/deployments: real jobs, benches and Serve apps),
-    `ray` (a test that takes a Ray cluster fixture), `unit` (the rest: no cluster).
-    `make test-fast` runs the unit tier; `make test` runs them all."""
+    `e2e` (tests/jobs, tests/benchmarks, tests/notebooks, tests/deployments: real
+    jobs, benches and Serve apps),
+    `ray` (a test that takes a Ray cluster fixture), `engine` (no cluster, but a real
+    inference engine's processes or a torch.distributed process group: a test that
+    takes a fixture of ENGINE_FIXTURES, e.g. vLLM's engine or FSDP's one-rank gloo
+    group, or is marked `engine` in its file because it starts a group itself, e.g. a
+    WeightGroup broadcast over gloo), `unit` (the rest: no cluster, no engine
+    processes, no process group). `make test-fast` runs the unit tier (kept under
+    3 minutes on 2 cores); `make test` runs them all."""
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts
+        fixtures = set(getattr(item, "fixturenames", ()))
         if parts[0] in E2E_DIRS:
             item.add_marker(pytest.mark.e2e)
-        elif RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        elif RAY_FIXTURES & fixtures:
             item.add_marker(pytest.mark.ray)
+        elif ENGINE_FIXTURES & fixtures or item.get_closest_marker("engine"):
+            if not item.get_closest_marker("engine"):
+                item.add_marker(pytest.mark.engine)
         else:
             item.add_marker(pytest.mark.unit)
 
@@ -45,6 +57,27 @@ def random_model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory) -> Path:
+    """An empty MLflow sqlite store with its tables created (~1.5 s of migrations)."""
+    import mlflow
+    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _migrated_mlflow_store(request):
+    """The e2e tests point their jobs' MLflow at tmp_path/mlflow.db: it starts as a copy
+    of the migrated empty store, so each test's store is still its own but MLflow's
+    table creation runs once per session, not once per job."""
+    if request.node.get_closest_marker("e2e") and "tmp_path" in request.fixturenames:
+        import shutil
+        db = request.getfixturevalue("tmp_path") / "mlflow.db"
+        if not db.exists():
+            shutil.copyfile(request.getfixturevalue("_mlflow_template"), db)
+
+
 @pytest.fixture
 def one_rank_group():
     """A one-rank gloo process group (FSDP2 and DCP need one), destroyed afterwards."""
@@ -61,12 +94,18 @@ def one_rank_group():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A private local cluster shared by every test that needs Ray (started once)."""
+    """A private local cluster shared by every test that needs Ray (started once).
+    With its dashboard, and workers told where it is (RAY_API_SERVER_ADDRESS): Ray
+    Train's PlacementGroupCleaner asks the state API whether the controller lives, and
+    without a dashboard each ask ran into its 10 s timeout, so stopping the cleaner cost
+    every training job ~13 s at its end (or the ask found another cluster on the host)."""
     import ray
 
-    env = {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    ray.init(address="local", num_cpus=4, include_dashboard=False,
-             runtime_env={"env_vars": env}, logging_level="WARNING")
+    (port,) = _free_ports(1)
+    env = {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
+           "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
+    ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=port, runtime_env={"env_vars": env}, logging_level="WARNING")
     from ray.data import DataContext
     DataContext.get_current().enable_progress_bars = False
     yield ray
@@ -108,6 +147,22 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _session_processes(sid: int) -> dict[int, str]:
+    """{pid: name} of the live (not zombie) processes of session `sid` (/proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z" and int(rest[3]) == sid:  # fields after the name: state ppid pgrp session
+            found[int(entry.name)] = name
+    return found
+
+
 @pytest.fixture(scope="module")
 def head_cluster(tmp_path_factory):
     """A separate cluster started the way users start one (`ray start --head`), with
@@ -127,6 +182,9 @@ def head_cluster(tmp_path_factory):
                RAY_metrics_report_interval_ms="2000", TOKENIZERS_PARALLELISM="false",
                RAY_AUTH_MODE="token")  # clients send ~/.ray/auth_token only in token mode
     env.pop("RAY_ADDRESS", None)
+    # where the state API is (Ray Train's PlacementGroupCleaner asks it): this cluster's
+    # dashboard, not whichever cluster on the host auto-detection finds
+    env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{ports['dashboard']}"
     log = tmp_path_factory.mktemp("head") / "ray_start.log"
     proc = subprocess.Popen(
         [str(bindir / "ray"), "start", "--head", "--block", "--num-cpus=4",
@@ -156,22 +214,24 @@ def head_cluster(tmp_path_factory):
     yield {"gcs_address": f"127.0.0.1:{ports['gcs']}",
            "dashboard_url": f"http://127.0.0.1:{ports['dashboard']}",
            "metrics_url": f"http://127.0.0.1:{ports['metrics']}/metrics", "env": env}
-    # SIGTERM lets the raylet stop its workers; whatever is left of the group after
-    # 20 s is killed.
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    # SIGTERM to the raylet first, while the GCS still answers: it stops its workers
+    # (each in its own process group, so killpg cannot reach them; they stay in the
+    # session) and exits in well under a second. Then the rest of the session (GCS,
+    # dashboard, monitor, `ray start`) is killed. (SIGTERM to the whole group at once
+    # made the raylet take ~10 s, left an idle worker behind, and the GCS and
+    # `ray start` outlived it: the wait for the group to vanish always ran its 20 s.)
+    for pid, name in _session_processes(proc.pid).items():
+        if name == "raylet":
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + 20
+    while time.time() < deadline and any(
+            name == "raylet" or name.startswith("ray::")
+            for name in _session_processes(proc.pid).values()):
+        proc.poll()  # reap our own child
+        time.sleep(0.25)
+    for pid in _session_processes(proc.pid):
         try:
-            os.killpg(proc.pid, sig)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            break
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            proc.poll()  # reap our own child, or it stays in the group as a zombie
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        else:
-            continue
-        break
+            pass
     proc.wait(10)

@@ -28,7 +28,9 @@ def test_a_run_asking_for_a_gpu_is_refused_before_anything_starts(ray_cluster, c
 def test_serve_app_that_cannot_be_placed_fails_at_the_deadline(ray_cluster):
     from ray import serve
 
-    @serve.deployment(ray_actor_options={"num_cpus": 0, "resources": {"no_such_accelerator": 1}})
+    # never placed: deleting it need not wait out the default 20 s graceful shutdown
+    @serve.deployment(ray_actor_options={"num_cpus": 0, "resources": {"no_such_accelerator": 1}},
+                      graceful_shutdown_timeout_s=1)
     class Unplaceable:
         def __call__(self):
             return "never"

@@ -128,28 +128,6 @@ def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path
     assert sorted(int(m.step) for m in history) == [0, 1, 2, 3]
 
 
-def test_a_dataset_run_resumes_its_stream_exactly(ray_cluster, embedded_model, tmp_path):
-    """A training set read from a file, 6 prompts cycled over 3 epochs with a window of
-    4: the resumed job skips what the checkpoint consumed where the stream reads it,
-    and the run trains each prompt once per epoch."""
-    from areal_ray.data.prompts import embedded_rows
-    n = 6
-    rows = embedded_rows(77, n, load_config(None, []).task)
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({k: r[k] for k in ("uid", "prompt", "answer")}) + "\n"
-                            for r in rows))
-    run_dir, db = tmp_path / "run", tmp_path / "mlflow.db"
-    keys = (f"task.train_path={data}", "task.shuffle_window=4", "algo.eta=1")
-    run_training(config(embedded_model, run_dir, db, "train.steps=2", *keys))
-    run_training(config(embedded_model, run_dir, db, "train.steps=4", "run.resume=true", *keys))
-    positions = [p for r in check_lineage(run_dir, 4, eta=1) for p in r["positions"]]
-    by_epoch = {}
-    for p in positions:
-        by_epoch.setdefault(p // n, []).append(p % n)
-    assert sorted(by_epoch[0]) == sorted(by_epoch[1]) == list(range(n))  # full epochs
-    assert len(by_epoch[2]) == 4 * B - 2 * n and len(set(by_epoch[2])) == len(by_epoch[2])
-
-
 def test_resume_without_a_checkpoint_is_a_clear_error(embedded_model, tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         run_training(config(embedded_model, tmp_path / "none", tmp_path / "db", "run.resume=true"))
@@ -161,15 +139,31 @@ def interrupt_when(run_dir, version: int, sent: list) -> None:
     at_version(run_dir, version, lambda: os.kill(os.getpid(), signal.SIGINT) or version, sent)
 
 
-def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_resume_continues(ray_cluster, embedded_model,
-                                                                       tmp_path):
-    run_dir, db, steps = tmp_path / "run", tmp_path / "mlflow.db", 40
+def dataset_keys(tmp_path, n: int) -> tuple[str, ...]:
+    """A training set read from a file: `n` embedded prompts, cycled, a window of 4."""
+    from areal_ray.data.prompts import embedded_rows
+    rows = embedded_rows(77, n, load_config(None, []).task)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({k: r[k] for k in ("uid", "prompt", "answer")}) + "\n"
+                            for r in rows))
+    return f"task.train_path={data}", "task.shuffle_window=4"
+
+
+def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_a_dataset_run_resumes_its_stream_exactly(
+        ray_cluster, embedded_model, tmp_path):
+    """Ctrl-C stops the run at a step with a checkpoint; the resumed job continues it.
+    The run reads its prompts from a file (5 prompts cycled, a window of 4): the resumed
+    job skips what the checkpoint consumed where the stream reads it, and the run
+    trains each prompt once per epoch. (5 prompts: the checkpoint at any version 2..4
+    falls mid-epoch.)"""
+    run_dir, db, steps, n = tmp_path / "run", tmp_path / "mlflow.db", 40, 5
+    keys = dataset_keys(tmp_path, n)
     sent: list = []
     threading.Thread(target=interrupt_when, args=(run_dir, 2, sent), daemon=True).start()
     # checkpoints every 40 steps: the one the interrupted run leaves is Ctrl-C's own
     with pytest.raises(RunInterrupted, match=r"stopped after version (\d+): checkpoint at version"):
         run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", "algo.eta=1",
-                            f"train.checkpoint_every={steps}"))
+                            f"train.checkpoint_every={steps}", *keys))
     assert sent
     stopped = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
     recorded = lineage(read_events(run_dir / "steps.jsonl"))
@@ -177,9 +171,17 @@ def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_resume_continues(ray_clust
 
     total = stopped["version"] + 2
     resumed = run_training(config(embedded_model, run_dir, db, f"train.steps={total}", "algo.eta=1",
-                                  f"train.checkpoint_every={steps}", "run.resume=true"))
+                                  f"train.checkpoint_every={steps}", "run.resume=true", *keys))
     assert resumed["resumed_at_step"] == stopped["version"]
-    check_lineage(run_dir, total, eta=1)
+    positions = [p for r in check_lineage(run_dir, total, eta=1) for p in r["positions"]]
+    by_epoch = {}
+    for p in positions:
+        by_epoch.setdefault(p // n, []).append(p % n)
+    full, rest = divmod(total * B, n)
+    for epoch in range(full):
+        assert sorted(by_epoch[epoch]) == list(range(n))  # full epochs
+    assert len(by_epoch.get(full, [])) == rest and len(set(by_epoch.get(full, []))) == rest
+    assert len(by_epoch) == full + (rest > 0)
 
 
 def test_the_job_exits_130_with_one_line_on_ctrl_c(capsys):

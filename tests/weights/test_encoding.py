@@ -90,6 +90,7 @@ def run_group(world, die_at=-1, dtype="", idle=-1):
     return results
 
 
+@pytest.mark.engine  # a gloo WeightGroup between processes or threads
 def test_broadcast_in_buckets_is_bit_identical_on_every_receiver():
     res = run_group(world=3)
     expected = digest(state())
@@ -97,12 +98,14 @@ def test_broadcast_in_buckets_is_bit_identical_on_every_receiver():
     assert res[0] == ("sent", sum(v.numel() * 4 for v in state().values()))
 
 
+@pytest.mark.engine  # a gloo WeightGroup between processes or threads
 def test_transfer_dtype_conversion():
     res = run_group(world=2, dtype="bfloat16")
     as_bf16 = digest({k: v.to(torch.bfloat16) for k, v in state().items()})
     assert res[1] == ("got", as_bf16)
 
 
+@pytest.mark.engine  # a gloo WeightGroup between processes or threads
 def test_a_member_killed_mid_broadcast_is_an_error_not_a_hang():
     res = run_group(world=3, die_at=2)
     assert 2 not in res  # killed
@@ -113,6 +116,7 @@ def test_a_member_killed_mid_broadcast_is_an_error_not_a_hang():
         assert res[1][1] == digest(state())
 
 
+@pytest.mark.engine  # a gloo WeightGroup between processes or threads
 def test_a_receiver_that_never_receives_is_found_before_any_collective():
     # The sender waits for every receiver's readiness in the store, with the timeout,
     # and raises before issuing a broadcast (on NCCL a broadcast to an absent peer

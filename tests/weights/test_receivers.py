@@ -106,6 +106,7 @@ def test_shm_receiver_keeps_both_files_mapped(tmp_path):
         sender.close()
 
 
+@pytest.mark.engine  # a gloo WeightGroup between processes or threads
 def test_collective_round_trip_over_gloo():
     sd = state()
     specs = tuple(manifest_of(sd.items()))

@@ -696,6 +696,7 @@ def test_a_failed_bucket_closes_the_source_and_the_session(engine):
     assert closed == [True] and not tm.session and not engine.gate.is_open
 
 
+@pytest.mark.engine  # a gloo WeightGroup between processes or threads
 def test_a_broadcast_streams_bucket_by_bucket_into_sglang(engine):
     """The collective receiver's stream, fed by a real WeightGroup send over gloo."""
     import threading

@@ -114,10 +114,16 @@ def test_limits_are_those_of_the_model_vllm_runs(embedded_model, max_model_len, 
 
 # ----------------------------------------------------------------- the real engine
 @pytest.fixture(scope="module")
-def engine(embedded_model):
+def vllm_engine(embedded_model):
+    """The real engine (its engine-core processes): the `engine` tier (tests/conftest.py)."""
     eng = VLLMEngine(embedded_model, max_batch_size=32, kv_cache_mb=64, record_digest=True)
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture
+def engine(vllm_engine):
+    return vllm_engine
 
 
 @pytest.fixture()
