@@ -17,9 +17,9 @@ import torch
 from areal_ray.config import Config
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.stream import PromptDatasource, rows_stream
-from areal_ray.weights.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.weights.payloads import CollectivePayload, DiskPayload, ShmPayload
+from areal_ray.weights.tensor_spec import ITEMSIZE, TensorSpec, plan_buckets
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def test_itemsizes_are_torch_itemsizes():
 
 def test_unknown_dtype_is_named():
     try:
-        TensorSpec("w", (2,), "complex64").nbytes
+        _ = TensorSpec("w", (2,), "complex64").nbytes
     except ValueError as e:
         assert "complex64" in str(e) and "'w'" in str(e)
     else:

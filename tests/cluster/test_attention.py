@@ -37,8 +37,7 @@ def cache_kernel(root, layout="kernels"):
 
 
 def test_the_tables_match_the_installed_transformers():
-    from transformers.modeling_flash_attention_utils import (FLASH_ATTN_KERNEL_FALLBACK,
-                                                             FLASH_ATTN_KERNEL_VERSIONS)
+    from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK, FLASH_ATTN_KERNEL_VERSIONS
     from transformers.utils import import_utils
     for impl, spec in FLASH.items():
         assert FLASH_ATTN_KERNEL_FALLBACK[impl] == spec.repo

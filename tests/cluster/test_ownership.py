@@ -3,9 +3,19 @@ table, without Ray; `tests/jobs/test_cleanup.py` kills a real job on a `ray star
 
 import pytest
 
-from areal_ray.cluster.ownership import (Actor, Owned, cluster_of, live_tags, new_tag,
-                                         parse_weight_file, stale_apps, stale_files,
-                                         stale_pg_cleaners, tag_of_app, tag_of_driver)
+from areal_ray.cluster.ownership import (
+    Actor,
+    Owned,
+    cluster_of,
+    live_tags,
+    new_tag,
+    parse_weight_file,
+    stale_apps,
+    stale_files,
+    stale_pg_cleaners,
+    tag_of_app,
+    tag_of_driver,
+)
 
 DEAD, LIVE, ME = "deadbeef", "0123abcd", "feedf00d"
 

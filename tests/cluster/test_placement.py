@@ -5,8 +5,14 @@ could not be placed, instead of waiting forever."""
 
 import pytest
 
-from areal_ray.cluster.placement import (PlacementError, bound_train_start, check_placement,
-                                         cluster_nodes, deploy_app, train_start_problem)
+from areal_ray.cluster.placement import (
+    PlacementError,
+    bound_train_start,
+    check_placement,
+    cluster_nodes,
+    deploy_app,
+    train_start_problem,
+)
 from areal_ray.config import load_config
 from jobs import train as train_job
 

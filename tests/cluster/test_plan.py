@@ -6,8 +6,18 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from areal_ray.cluster.plan import (REPLICA, REWARD, TRAINER, Demand, Node, cluster_shape, demands,
-                                    engine_gib, memory_plan, place)
+from areal_ray.cluster.plan import (
+    REPLICA,
+    REWARD,
+    TRAINER,
+    Demand,
+    Node,
+    cluster_shape,
+    demands,
+    engine_gib,
+    memory_plan,
+    place,
+)
 from areal_ray.config import load_config
 from areal_ray.train.memory import GIB, DecoderShape, trainer_memory
 from jobs import plan as plan_job

@@ -2,8 +2,8 @@
 
 import pytest
 
-from areal_ray.run import job as run
 from areal_ray.config import Config
+from areal_ray.run import job as run
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,7 @@ import pytest
 from ray.data import DataContext
 from ray.data._internal.execution.operators.input_data_buffer import InputDataBuffer
 from ray.data._internal.execution.operators.map_operator import MapOperator
-from ray.data._internal.execution.operators.map_transformer import (BlockMapTransformFn,
-                                                                   MapTransformer)
+from ray.data._internal.execution.operators.map_transformer import BlockMapTransformFn, MapTransformer
 from ray.data.block import BlockMetadata
 
 from areal_ray.data import block_stats, stream  # noqa: F401  (stream installs the bound on import)

@@ -5,7 +5,6 @@ import json
 import time
 
 import numpy as np
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -127,6 +126,7 @@ def test_rows_in_memory_stream_in_order():
 
 def test_read_tasks_carry_only_their_own_rows():
     import pickle
+
     from areal_ray.data.stream import PromptDatasource
     rows = [{"uid": str(i), "prompt": "p" * 100, "answer": "1", "verifier": "math"} for i in range(5000)]
     stream = rows_stream(rows, window=500)

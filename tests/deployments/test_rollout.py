@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.engines.base import GenerationRequest
-from areal_ray.weights.push import WeightPusher
 from areal_ray.weights.encoding import digest
+from areal_ray.weights.push import WeightPusher
 from deployments.rollout import build_app
 from tests.weights.test_push import perturb, replica_digests, replica_reports
 

@@ -26,8 +26,8 @@ from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.interruptible import generate_group
-from areal_ray.weights.push import WeightPusher
 from areal_ray.weights.encoding import digest
+from areal_ray.weights.push import WeightPusher
 from deployments.rollout import build_app
 from tests.deployments.test_rollout import replica_stats, req
 from tests.weights.test_push import perturb, replica_reports

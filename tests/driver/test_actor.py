@@ -3,8 +3,8 @@
 import ray
 
 from areal_ray.driver import Driver
-from areal_ray.weights.tensor_spec import TensorSpec
 from areal_ray.weights.payloads import CollectivePayload, DiskPayload, ObjectStorePayload
+from areal_ray.weights.tensor_spec import TensorSpec
 
 
 def test_acquire_waits_for_a_push_and_close_releases_waiters(ray_cluster):
@@ -102,7 +102,7 @@ def test_the_reader_waits_while_far_ahead_of_the_rollout_stage(ray_cluster):
     assert not ray.wait([blocked], timeout=0.3)[0]
     assert ray.get(d.acquire.remote(0, gen)) == (0, 0)  # taken: 5 ahead, still waiting
     assert not ray.wait([blocked], timeout=0.3)[0]
-    waiting_at_gate = d.acquire.remote(1, gen)  # the gate is full (eta 0, B 1) ...
+    _waiting_at_gate = d.acquire.remote(1, gen)  # the gate is full (eta 0, B 1) ...
     assert ray.get(blocked, timeout=10) is None  # ... but the prompt counts as taken
     assert ray.get(d.read_state.remote()) == {"read": 6, "taken": 2, "ahead": 4}
     assert ray.get(d.read_ahead.remote(gen - 1, 100, 0), timeout=10) is None  # an old pipeline

@@ -61,7 +61,7 @@ for name in ("areal-weights-%%s-%(tag)s-%%d-0.bin" %% (port, os.getpid()),
              "areal-weights-%%s-%(tag)s-999999-1.bin" %% port):
     open(os.path.join("/dev/shm", name), "wb").write(b"x")
 sys.stdin.read()  # until the test closes it
-""" % {"tag": LIVE}
+""" % {"tag": LIVE}  # noqa: UP031 - the template is code with braces of its own
 
 
 def probe(cluster: dict) -> dict:
@@ -142,7 +142,7 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
         dry = cleanup(head_cluster, "dry_run=true")
         assert f"would remove Serve app areal-rollout-{tag}" in dry, dry
         for name in leaked:
-            assert f"would remove weight file" in dry and name in dry, (name, dry)
+            assert "would remove weight file" in dry and name in dry, (name, dry)
         assert LIVE not in dry, dry
         assert shm_files(tag) == leaked and f"areal-rollout-{tag}" in probe(head_cluster)["apps"]
 

@@ -7,10 +7,10 @@ import time
 import pytest
 import ray
 
-from areal_ray.run.job import run_training
 from areal_ray.observe.tracking import lineage, read_events
+from areal_ray.run.job import run_training
 from areal_ray.train.checkpoint import latest_checkpoint
-from tests.jobs.test_resume import B, GROUP, at_version, check_lineage, config, kill_actor
+from tests.jobs.test_resume import GROUP, B, at_version, check_lineage, config, kill_actor
 
 
 def kill_the_rollout_replica_when(run_dir, version: int, killed: list) -> None:

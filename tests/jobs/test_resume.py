@@ -3,8 +3,8 @@ from its last checkpoint, and a new job continues a finished run's checkpoint. B
 must give the version sequence of an uninterrupted run with no prompt trained twice."""
 
 import json
-import re
 import os
+import re
 import signal
 import threading
 import time
@@ -14,9 +14,9 @@ import pytest
 from ray._private import state
 
 from areal_ray.config import ConfigError, load_config
+from areal_ray.observe.tracking import lineage, read_events
 from areal_ray.run.interrupt import RunInterrupted
 from areal_ray.run.job import run_training
-from areal_ray.observe.tracking import lineage, read_events
 from areal_ray.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 B, GROUP = 4, 4

@@ -77,7 +77,7 @@ def test_submitted_job_reports_metrics_mlflow_and_progress(head_cluster, tmp_pat
         == {"running", "queued"}
 
     # One progress line per step and a final summary, in the job's logs.
-    assert len(re.findall(r"\[areal-ray\] step +\d+/%d v" % STEPS, logs)) == STEPS
+    assert len(re.findall(rf"\[areal-ray\] step +\d+/{STEPS} v", logs)) == STEPS
     assert "[areal-ray] done:" in logs
 
     # The MLflow run: resolved config, step metrics, curves, the model, its registration.

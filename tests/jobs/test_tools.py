@@ -5,11 +5,9 @@ Learning itself is measured by the job's output (docs/benchmarks.md), not assert
 
 import json
 
-import pytest
-
 from areal_ray.config import load_config
-from areal_ray.run.job import run_training
 from areal_ray.observe.tracking import lineage, read_events
+from areal_ray.run.job import run_training
 
 STEPS, B, G = 3, 4, 4
 

@@ -5,8 +5,7 @@ import pytest
 from areal_ray.reward.math import math_reward
 from areal_ray.task import tool_arith
 from areal_ray.task.tokenizer import build_char_tokenizer
-from areal_ray.task.tool_arith import (RESULT_FORMAT, ToolProblem, examples, make_split, render,
-                                       segments)
+from areal_ray.task.tool_arith import RESULT_FORMAT, ToolProblem, examples, make_split, render, segments
 
 
 def test_problems_are_reproducible_from_the_seed_and_answers_are_right():

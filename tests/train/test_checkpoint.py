@@ -19,10 +19,19 @@ import torch
 
 from areal_ray.config import ConfigError, load_config, to_dict
 from areal_ray.config.run import RESUME_GUARDED
-from areal_ray.train.checkpoint import (MARKER, PRUNED, SafePlanner, checkpoint_dirs,
-                                        latest_checkpoint, load_checkpoint, manifest,
-                                        metadata_global_allowed, save_checkpoint, trainer_state,
-                                        write_marker)
+from areal_ray.train.checkpoint import (
+    MARKER,
+    PRUNED,
+    SafePlanner,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_checkpoint,
+    manifest,
+    metadata_global_allowed,
+    save_checkpoint,
+    trainer_state,
+    write_marker,
+)
 from areal_ray.train.fsdp import full_state_dict, load_sharded_model
 from areal_ray.train.schedule import make_scheduler
 

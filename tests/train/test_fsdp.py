@@ -3,7 +3,6 @@ the FSDP2 path of fsdp.py, train_step and the checkpoint's optimizer round trip,
 Ray Train runs them. The GPU path is the same code with another device."""
 
 
-import pytest
 import torch
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
@@ -70,7 +69,7 @@ def test_sharded_checkpoint_round_trips_model_and_optimizer(random_model_dir, on
     load_sharded(b, tmp_path / "state")
     assert all(torch.equal(x, y) for x, y in zip(full_state_dict(a.policy).values(),
                                                  full_state_dict(b.policy).values()))
-    for (pa, sa), (pb, sb) in zip(a.opt.state.items(), b.opt.state.items()):
+    for (_, sa), (_, sb) in zip(a.opt.state.items(), b.opt.state.items()):
         assert isinstance(sb["exp_avg"], DTensor)
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(torch.as_tensor(sa[key].full_tensor() if hasattr(sa[key], "full_tensor") else sa[key]),
@@ -84,7 +83,7 @@ def test_activation_checkpointing_keeps_gradients_and_saves_less(random_model_di
     grads, kept = [], []
     for ac in (False, True):
         model = load_sharded_model(random_model_dir, activation_checkpointing=ac)
-        lp, _, total = saved_bytes(lambda: packed_token_logprobs(model, mb))
+        lp, _, total = saved_bytes(lambda model=model: packed_token_logprobs(model, mb))
         (lp * mb["loss_mask"]).sum().backward()
         grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
         kept.append(total)

@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_ray.weights import encoding as weights
 from areal_ray.weights import group as weight_group
 from areal_ray.weights import staging
-from areal_ray.weights.staging import SHM_MARGIN, staging_dir
 from areal_ray.weights.encoding import (
-    TensorSpec,
     NCCL_ENV,
     SharedMemoryWeights,
+    TensorSpec,
     WeightGroup,
     digest,
     free_port,
@@ -29,6 +27,7 @@ from areal_ray.weights.encoding import (
     plan_buckets,
     read_shared,
 )
+from areal_ray.weights.staging import SHM_MARGIN, staging_dir
 
 
 def state(seed=0):
@@ -199,8 +198,9 @@ def test_a_shm_push_too_large_for_shared_memory_goes_to_disk_with_one_warning(sm
 
 
 def test_the_vllm_weight_file_goes_to_disk_when_shared_memory_is_small(small_shm):
-    from areal_ray.rollout.engines.vllm import stage_file
     from safetensors.torch import load_file
+
+    from areal_ray.rollout.engines.vllm import stage_file
     shm, disk, _ = small_shm
     sd = state()
     path = stage_file(sd)

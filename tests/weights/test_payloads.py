@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from areal_ray.weights.tensor_spec import TensorSpec
 from areal_ray.weights.payloads import (
     CollectivePayload,
     DiskPayload,
     ObjectStorePayload,
     ShmPayload,
 )
+from areal_ray.weights.tensor_spec import TensorSpec
 
 SPECS = (TensorSpec("w", (2, 3), "float32"), TensorSpec("b", (3,), "float32"))
 

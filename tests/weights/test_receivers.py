@@ -11,22 +11,7 @@ import pytest
 import torch
 
 from areal_ray.config import WeightsConfig
-from areal_ray.weights.receivers import (
-    CollectiveReceiver,
-    DiskReceiver,
-    ObjectStoreReceiver,
-    ShmReceiver,
-    WeightReceiver,
-)
-from areal_ray.weights.tensor_spec import TensorSpec
-from areal_ray.weights.senders import (
-    CollectiveSender,
-    DiskSender,
-    ObjectStoreSender,
-    SenderContext,
-    ShmSender,
-    sender_for,
-)
+from areal_ray.weights.encoding import digest, manifest_of
 from areal_ray.weights.group import WeightGroup, free_port
 from areal_ray.weights.payloads import (
     CollectivePayload,
@@ -35,7 +20,22 @@ from areal_ray.weights.payloads import (
     ShmPayload,
     WeightPayload,
 )
-from areal_ray.weights.encoding import digest, manifest_of
+from areal_ray.weights.receivers import (
+    CollectiveReceiver,
+    DiskReceiver,
+    ObjectStoreReceiver,
+    ShmReceiver,
+    WeightReceiver,
+)
+from areal_ray.weights.senders import (
+    CollectiveSender,
+    DiskSender,
+    ObjectStoreSender,
+    SenderContext,
+    ShmSender,
+    sender_for,
+)
+from areal_ray.weights.tensor_spec import TensorSpec
 
 
 def state(seed=0):

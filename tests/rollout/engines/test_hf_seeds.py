@@ -116,7 +116,7 @@ def test_invariant_rows_are_bit_identical_among_traffic_arriving_at_any_time(mod
             targets.append(asyncio.ensure_future(eng.generate(t)))
             late = [asyncio.ensure_future(eng.generate(noise(4 + 2 * j + k))) for k in range(2)]
             steps = eng.load()["steps"]
-            await until(lambda: eng.load()["steps"] >= steps + 2 + j, "decoding on")
+            await until(lambda steps=steps, j=j: eng.load()["steps"] >= steps + 2 + j, "decoding on")
             early += late
         got = [await t for t in targets]
         await asyncio.gather(*early)

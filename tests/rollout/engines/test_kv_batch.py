@@ -66,7 +66,7 @@ def test_truncate_undoes_a_step_that_failed_half_way_and_growth_stays_in_place()
 
 def test_split_gives_each_live_row_its_own_trimmed_cache_and_leaves_the_batch_alone():
     a = prefilled(3, 5, 1.0, real=[5, 2, 3])
-    for i, layer in enumerate(a.cache.layers):
+    for layer in a.cache.layers:
         layer.keys = layer.keys + torch.arange(3.0)[:, None, None, None]  # row i holds 1 + i
     a.rows[1] = None  # finished, not compacted yet
     parts = a.split()

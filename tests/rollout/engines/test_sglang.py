@@ -701,11 +701,11 @@ def test_a_broadcast_streams_bucket_by_bucket_into_sglang(engine):
     """The collective receiver's stream, fed by a real WeightGroup send over gloo."""
     import threading
 
-    from areal_ray.weights.receivers import WeightReceiver
-    from areal_ray.weights.tensor_spec import plan_buckets
+    from areal_ray.weights.encoding import manifest_of
     from areal_ray.weights.group import WeightGroup, free_port
     from areal_ray.weights.payloads import CollectivePayload
-    from areal_ray.weights.encoding import manifest_of
+    from areal_ray.weights.receivers import WeightReceiver
+    from areal_ray.weights.tensor_spec import plan_buckets
 
     engine.torch_dtype = torch.float32
     g = torch.Generator().manual_seed(0)

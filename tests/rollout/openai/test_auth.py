@@ -10,10 +10,10 @@ import json
 import pytest
 
 from areal_ray.config import ConfigError, load_config, to_dict
-from areal_ray.rollout.workflows.agent import resolve_endpoint
+from areal_ray.observe.tracking import params_of
 from areal_ray.rollout.openai.auth import EndpointError, RequestGuard, new_api_key
 from areal_ray.rollout.openai.sessions import SessionsFull, SessionStore, SessionTooLarge
-from areal_ray.observe.tracking import params_of
+from areal_ray.rollout.workflows.agent import resolve_endpoint
 from tests.rollout.openai.test_sessions import call, decode, encode
 
 KEY = "k" * 20

@@ -9,12 +9,18 @@ import torch
 
 from areal_ray.config import Config, load_config
 from areal_ray.plugins import PluginError, check_plugins
-from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.engines.hf import HFEngine
-from areal_ray.rollout.workflows.base import (SINGLE_TURN, EpisodeConfig, RolloutWorkflow,
-                                        SingleTurnWorkflow, build_workflow, check_episode,
-                                        group_of)
+from areal_ray.rollout.workflows.base import (
+    SINGLE_TURN,
+    EpisodeConfig,
+    RolloutWorkflow,
+    SingleTurnWorkflow,
+    build_workflow,
+    check_episode,
+    group_of,
+)
 from areal_ray.types import Group, Sample
 
 ROW = {"uid": "u7", "prompt": "12+3=", "answer": "15", "verifier": "math", "pos": 7}

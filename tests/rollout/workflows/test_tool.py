@@ -14,11 +14,11 @@ import torch
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
 from areal_ray.rollout.engine_client import EngineClient
 from areal_ray.rollout.engines.hf import HFEngine
+from areal_ray.rollout.workflows.base import EpisodeConfig
 from areal_ray.rollout.workflows.tool import ToolWorkflow
 from areal_ray.rollout.workflows.tools import Calculator, calculate
-from areal_ray.rollout.workflows.base import EpisodeConfig
-from tests.rollout.workflows.test_tools import Raiser, Sleeper, with_ticks
 from tests.rollout.workflows.test_base import InProcessApp, _Method
+from tests.rollout.workflows.test_tools import Raiser, Sleeper, with_ticks
 
 ROW = {"uid": "t1", "prompt": "4821+3907=", "answer": "8728", "verifier": "math", "pos": 3}
 N = 16

@@ -4,10 +4,9 @@ and the end reasons. (The workflow on a real engine: test_tool_workflow.py.)"""
 
 import pytest
 
-from areal_ray.rollout.workflows.tool import ToolEpisode
-from areal_ray.rollout.workflows.base import EpisodeConfig
-from areal_ray.rollout.workflows.tool import ToolWorkflow
 from areal_ray.plugins import PluginError
+from areal_ray.rollout.workflows.base import EpisodeConfig
+from areal_ray.rollout.workflows.tool import ToolEpisode, ToolWorkflow
 
 CLOSE = 9  # the `)` stop id in these tests
 

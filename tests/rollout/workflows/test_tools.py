@@ -10,8 +10,17 @@ import time
 import pytest
 
 from areal_ray.plugins import PluginError
-from areal_ray.rollout.workflows.tools import (INCOMPLETE, MAX_RESULT_CHARS, Calculator, PythonTool,
-                                     ToolCall, ToolRunner, build_tools, calculate, find_call)
+from areal_ray.rollout.workflows.tools import (
+    INCOMPLETE,
+    MAX_RESULT_CHARS,
+    Calculator,
+    PythonTool,
+    ToolCall,
+    ToolRunner,
+    build_tools,
+    calculate,
+    find_call,
+)
 
 
 @pytest.mark.parametrize("expr, want", [
