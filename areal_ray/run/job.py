@@ -62,6 +62,7 @@ from areal_ray.train.checkpoint import (
 from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.weights.encoding import NCCL_ENV, state_from
+from areal_ray.weights.group import free_port
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
@@ -111,11 +112,18 @@ def init_ray(cfg: Config) -> None:
         ray.init(address=cfg.run.ray_address, logging_level="WARNING",
                  runtime_env={"working_dir": str(REPO_ROOT)})
     else:
+        # With its dashboard, and the workers told where it is: Ray Train's
+        # PlacementGroupCleaner asks the state API whether the controller lives, and
+        # without a dashboard every ask runs into a 10 s timeout (or finds another
+        # cluster on the host), which cost each job ~13 s at its end.
+        port = free_port()
         env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               "TOKENIZERS_PARALLELISM": "false"}
-        ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False,
+               "TOKENIZERS_PARALLELISM": "false", "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
+        ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=True,
+                 dashboard_host="127.0.0.1", dashboard_port=port,
                  runtime_env={"env_vars": env}, logging_level="WARNING",
                  _system_config=system_config(cfg.run))  # bounds the GCS's task events
+        print(f"[areal-ray] Ray dashboard at http://127.0.0.1:{port}", flush=True)
 
 
 def trainer_runtime_env(cfg: Config) -> dict:
