@@ -237,33 +237,27 @@ class HFEngine(InferenceEngine):
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """Pause (aborting or draining running requests), load, serve `version`, resume
         (unless memory is released: then resume_memory reopens)."""
+        return await self._swap(lambda: self.load_state_dict(state_dict), version, mode)
+
+    async def update_adapter(self, adapter: Adapter, version: int, mode: str = "abort") -> dict:
+        """As `update_weights`, setting each adapted module's weight to base + (B @ A) *
+        scaling. The adapter is checked against the base before anything is written, so
+        a refused one leaves the served weights as they were."""
+        info = await self._swap(lambda: self.apply_adapter(adapter), version, mode)
+        return {**info, "adapter_modules": len(adapter.modules)}
+
+    async def _swap(self, load, version: int, mode: str) -> dict:
         t0 = time.perf_counter()
         await self.pause(mode)
         t_paused = time.perf_counter()
         try:
-            await asyncio.to_thread(self.load_state_dict, state_dict)
+            await asyncio.to_thread(load)
             self.version = version
         finally:
             if not self.released:
                 self._reopen()
         return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
                 "version": version}
-
-    async def update_adapter(self, adapter: Adapter, version: int, mode: str = "abort") -> dict:
-        """Pause, set each adapted module's weight to base + (B @ A) * scaling, serve
-        `version`, resume. The adapter is checked against the base before anything is
-        written, so a refused one leaves the served weights as they were."""
-        t0 = time.perf_counter()
-        await self.pause(mode)
-        t_paused = time.perf_counter()
-        try:
-            await asyncio.to_thread(self.apply_adapter, adapter)
-            self.version = version
-        finally:
-            if not self.released:
-                self._reopen()
-        return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
-                "version": version, "adapter_modules": len(adapter.modules)}
 
     def apply_adapter(self, adapter: Adapter) -> None:
         """The weights of `adapter`'s modules, merged from the kept base (only while no
