@@ -36,6 +36,13 @@ def import_class(path: object, key: str, method: str, coroutine: bool = False) -
     return cls
 
 
+def import_entry(entry: str) -> object:
+    """The object a registry entry names ("module:Name", as in `ENGINES` and `LOSSES`),
+    or None when the module has no such attribute: the registry says what it expected."""
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name, None)
+
+
 def _import_attr(path: object, where: str, kind: str) -> tuple[object, str]:
     """The object at dotted `path` and its name; PluginError starting with `where`."""
     if not isinstance(path, str) or "." not in path.strip("."):

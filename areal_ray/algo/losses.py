@@ -23,7 +23,6 @@ reference model, the non-finite guard and the optimizer step stay `train_step`'s
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -62,8 +61,9 @@ def policy_loss(name: str) -> PolicyLossFn:
     """The loss function registered as `name`; ValueError naming the choices if none is."""
     if name not in LOSSES:
         raise ValueError(f"algo.loss.name {name!r} is not one of {tuple(LOSSES)}")
-    module, _, attr = LOSSES[name].partition(":")
-    fn = getattr(importlib.import_module(module), attr, None)
+    from areal_ray.plugins import import_entry  # not at the top: the config imports this module
+
+    fn = import_entry(LOSSES[name])
     if not callable(fn):
         raise TypeError(f"{LOSSES[name]} (algo.loss.name {name!r}) is not a function")
     return fn

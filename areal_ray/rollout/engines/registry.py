@@ -9,7 +9,6 @@ so a machine needs only the engine it runs, and the config can list the choices
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,12 +22,12 @@ ENGINES: dict[str, str] = {
 
 
 def engine_class(backend: str) -> type[InferenceEngine]:
+    from areal_ray.plugins import import_entry  # not at the top: the config imports this module
     from areal_ray.rollout.engines.base import InferenceEngine
 
     if backend not in ENGINES:
         raise ValueError(f"rollout backend {backend!r} is not one of {tuple(ENGINES)}")
-    module, _, name = ENGINES[backend].partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = import_entry(ENGINES[backend])
     if not (isinstance(cls, type) and issubclass(cls, InferenceEngine)):
         raise TypeError(f"{ENGINES[backend]} (rollout backend {backend!r}) is not an InferenceEngine")
     return cls
