@@ -85,12 +85,14 @@ def wait_for_app(app_name: str, timeout_s: float, poll_s: float = 0.5) -> None:
         time.sleep(poll_s)
 
 
-def deploy_app(app, app_name: str, timeout_s: float, route_prefix: str | None = None):
-    """Deploy `app` without Serve's unbounded wait, then wait with the deadline. The
-    ingress handle."""
+def deploy_app(app, app_name: str, timeout_s: float, route_prefix: str | None = None,
+               wait: bool = True):
+    """Deploy `app` without Serve's unbounded wait, then (`wait`) wait with the deadline.
+    The ingress handle; without `wait` the caller calls `wait_for_app` later."""
     handle = serve.run_many([serve.RunTarget(app, name=app_name, route_prefix=route_prefix)],
                             wait_for_applications_running=False)[0]
-    wait_for_app(app_name, timeout_s)
+    if wait:
+        wait_for_app(app_name, timeout_s)
     return handle
 
 

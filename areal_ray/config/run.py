@@ -48,6 +48,7 @@ class RunConfig:
     register_model: str = opt("", "also register it in the MLflow model registry under this name; empty: don't")
     eval_before: bool = opt(True, "greedy eval on the held-out split before training")
     eval_after: bool = opt(True, "greedy eval on the held-out split after training")
+    overlap_start: bool = opt(True, "start the trainer's workers and the data pipeline while the rollout replicas start and the eval before runs (no prompt is admitted until that eval is done); a GPU shared by a replica and a trainer worker always starts its engine first (areal_ray/run/startup.py)")
     check_placement: bool = opt(True, "before deploying, refuse a run whose replicas, trainer workers and reward actors cannot fit the cluster's nodes (and, with train.gpu_memory_gib, a GPU shared by an engine and a trainer that lacks memory for both); off for an autoscaling cluster that adds nodes on demand (the placement deadline still holds)")
     placement_timeout_s: float = opt(600.0, "deadline for the rollout replicas and the trainer workers to be placed on the cluster; past it the job fails naming what could not be placed (an autoscaling cluster may need longer to add nodes)")
     push_timeout_s: float = opt(120.0, "a replica that has not loaded a push by then is dropped")

@@ -6,7 +6,8 @@ classes, each unit-tested without Ray, and the actor only serialises calls, wait
 one condition variable for what they answer, and wakes waiters after each change.
 
 * `Admission` (admission.py): the staleness gate, pipeline generations, the restart
-  state machine, consumed positions and the prompt reader's lead. The rollout stage
+  state machine, consumed positions, the prompt reader's lead, and the job's hold on
+  admissions while it starts (`release_admissions()`). The rollout stage
   calls `acquire()` before a prompt group (waiting while the gate is full) and
   `finish()` after; the trainer calls `reject()` for groups its filter drops.
 * `Publication` (publication.py): serials, acks, the collective group's membership
@@ -63,9 +64,10 @@ async def _alive(handle) -> bool:
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Driver:
     def __init__(self, eta: int, batch_groups: int, max_concurrent: int = 0,
-                 push_timeout_s: float = 120.0, run_name: str = "", ordered: bool = False):
+                 push_timeout_s: float = 120.0, run_name: str = "", ordered: bool = False,
+                 held: bool = False):
         self.admission = Admission(StalenessGate(eta, batch_groups, max_concurrent or None),
-                                   ordered=ordered)
+                                   ordered=ordered, held=held)
         self.publication = Publication()
         self.fleet = Fleet()
         self.release = MemoryRelease()
@@ -110,6 +112,12 @@ class Driver:
         async with self.cond:
             self.admission.reject(n)
             self.cond.notify_all()
+
+    async def release_admissions(self) -> None:
+        """The job's start-up is done (the initial weights were evaluated): admit."""
+        async with self.cond:
+            if self.admission.release():
+                self.cond.notify_all()
 
     async def begin_generation(self) -> int:
         """A new pipeline is being built: admissions wait for `restore()`."""

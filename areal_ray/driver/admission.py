@@ -19,6 +19,11 @@ Ray, and the restart protocol is a table instead of a docstring:
 A driver starts RUNNING at generation 0, so a caller that never builds pipelines (a
 benchmark, a test) is admitted at once; Ray Train's pipeline factory always opens a
 generation first (`begin_generation`), and the trainer's `restore` + `resume` follow.
+
+Orthogonal to the phase, admissions can be *held* from the start until `release()`:
+a job starts its trainer and pipeline while the replicas start and the initial weights
+are evaluated (run/startup.py), and no prompt may be generated, nor any version
+trained, before that evaluation has read the weights it measures.
 """
 
 from __future__ import annotations
@@ -58,12 +63,14 @@ class Admitted:
 
 
 class Admission:
-    def __init__(self, gate: StalenessGate, ordered: bool = False):
+    def __init__(self, gate: StalenessGate, ordered: bool = False, held: bool = False):
         """`ordered`: admit prompts strictly in stream order (`run.deterministic`), so
         ticket k always goes to the same prompt and a step trains the same groups in
-        every run; otherwise in arrival order, which concurrency makes vary."""
+        every run; otherwise in arrival order, which concurrency makes vary. `held`:
+        admit nothing until `release()`."""
         self.gate = gate
         self.ordered = ordered
+        self.held = held
         self.next_position = 0  # ordered: the next stream position to admit
         self.phase = Phase.RUNNING
         self.generation = 0
@@ -83,7 +90,7 @@ class Admission:
         if (self.phase is Phase.CLOSED or generation != self.generation
                 or position in self.consumed):
             return None
-        if self.phase is Phase.RESTORING:
+        if self.phase is Phase.RESTORING or self.held:
             return WAIT
         if self.ordered and position > self.next_position:
             return WAIT  # an earlier prompt is still on its way to the gate
@@ -161,6 +168,11 @@ class Admission:
         if self.phase is Phase.RESTORING:
             self.phase = Phase.RUNNING
 
+    def release(self) -> bool:
+        """The job no longer holds admissions; whether that changed anything."""
+        changed, self.held = self.held, False
+        return changed
+
     def close(self) -> None:
         self.gate.close()
         self.phase = Phase.CLOSED
@@ -169,6 +181,6 @@ class Admission:
         return {**self.gate.state_dict(), "eta": self.gate.eta,
                 "batch_groups": self.gate.batch_groups,
                 "max_concurrent": self.gate.max_concurrent,
-                "phase": self.phase.value, "generation": self.generation,
+                "phase": self.phase.value, "held": self.held, "generation": self.generation,
                 "read": self.reader.n_read, "taken": self.reader.n_taken,
                 "ahead": self.reader.ahead}

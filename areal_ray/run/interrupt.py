@@ -48,22 +48,37 @@ class StopOnInterrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def in_worker_thread(fn: Callable[[], T]) -> T:
-    """`fn()` in a worker thread while this one waits in short joins, so this thread's
-    signal handlers run. For `trainer.fit()`: in the main thread it installs Ray
-    Train's own SIGINT handler, which aborts the run at once, without a checkpoint."""
-    out: dict = {}
+class WorkerThread:
+    """`fn()` started at once in a worker thread; `result()` waits for it in short
+    joins, so the waiting thread's signal handlers run. For `trainer.fit()`: in the
+    main thread it installs Ray Train's own SIGINT handler, which aborts the run at
+    once, without a checkpoint. Started early, the job does other work (the eval
+    before) while the trainer starts."""
 
-    def target() -> None:
+    def __init__(self, fn: Callable[[], T], name: str = "fit"):
+        self._out: dict = {}
+        self._thread = threading.Thread(target=self._target, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _target(self, fn) -> None:
         try:
-            out["value"] = fn()
+            self._out["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            out["error"] = e
+            self._out["error"] = e
 
-    worker = threading.Thread(target=target, name="fit", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.2)
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    def join(self, timeout_s: float) -> bool:
+        """Whether it ended within `timeout_s`."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def result(self) -> T:
+        while self._thread.is_alive():
+            self._thread.join(0.2)
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out.get("value")
+
+
+def in_worker_thread(fn: Callable[[], T]) -> T:
+    """`fn()` in a worker thread while this one waits (WorkerThread)."""
+    return WorkerThread(fn).result()

@@ -1,8 +1,11 @@
 """One asynchronous RL run, top to bottom: what `python -m jobs.train` executes.
 
-  validate config and data -> join or start Ray -> driver actor -> rollout Serve app
-  -> eval before -> Ray Data pipeline + Ray Train fit (steps tailed from the driver
-  into steps.jsonl, the console and MLflow) -> eval after -> summary.json -> clean up.
+  validate config and data -> join or start Ray -> driver actor (admissions held)
+  -> rollout Serve app deploying | Ray Train fit starting (its workers, the Ray Data
+  pipeline) -> replicas running -> eval before -> admissions released (steps tailed
+  from the driver into steps.jsonl, the console and MLflow) -> eval after ->
+  summary.json -> clean up. (One GPU shared by a replica and the trainer: the
+  replicas run before the fit starts; run/startup.py.)
 
 Everything that can be checked (config, model path, dataset rows) is checked before
 the cluster is touched, so bad input fails in seconds with a message naming it.
@@ -32,6 +35,7 @@ from areal_ray.cluster.placement import (
     check_placement,
     deploy_app,
     train_start_problem,
+    wait_for_app,
 )
 from areal_ray.cluster.system_config import system_config
 from areal_ray.config import Config, ConfigError, to_dict
@@ -48,8 +52,9 @@ from areal_ray.rollout.workflows.agent import resolve_endpoint
 from areal_ray.rollout.workflows.base import SINGLE_TURN
 from areal_ray.run.eval import evaluate
 from areal_ray.run.event_loop import off_event_loop
-from areal_ray.run.interrupt import RunInterrupted, StopOnInterrupt, in_worker_thread
+from areal_ray.run.interrupt import RunInterrupted, StopOnInterrupt, WorkerThread
 from areal_ray.run.resume import check_resume_config
+from areal_ray.run.startup import sequential_start
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
 from areal_ray.train.checkpoint import (
@@ -69,6 +74,7 @@ from deployments.rollout import DEPLOYMENT_NAME, build_app
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_MODELS = {"artifacts/tiny": "arith", "artifacts/tiny-tools": "tool_arith"}  # path: task
 TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
+FIT_GONE_S = 60.0  # how long a failed job waits for its trainer to stop
 
 
 def resolve_model(path: str, key: str = "model.path") -> str:
@@ -292,17 +298,21 @@ def run_training(cfg: Config) -> dict:
     owned = Owned(new_tag())  # everything this job creates that could outlive it is named from it
     namespace = ray.get_runtime_context().namespace
     driver_name, app_name = owned.driver_name, owned.app_name
+    # Overlapped (run/startup.py), the trainer starts beside the replicas, and the
+    # driver holds admissions until the eval before has measured the initial weights.
+    why_sequential = sequential_start(cfg)
+    eval_before = cfg.run.eval_before and not resume  # a resumed run's was its first job's
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
-        cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic)
+        cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic,
+        held=why_sequential is None and eval_before)
     tokenizer = load_tokenizer(model_path)
+    fit = None
     try:
-        handle = start_rollout_app(cfg, model_path, driver_name, namespace, app_name)
-        # A resumed run's "before" was measured by the job that started it.
-        before = evaluate(handle, tokenizer, held_out, cfg) \
-            if cfg.run.eval_before and not resume else None
-        if before:
-            print(f"[areal-ray] eval before: {eval_line(before)}", flush=True)
+        handle = start_rollout_app(cfg, model_path, driver_name, namespace, app_name,
+                                   wait=why_sequential is not None)
+        if why_sequential is not None:
+            print(f"[areal-ray] the trainer starts once the replicas run: {why_sequential}", flush=True)
 
         DataContext.get_current().enable_progress_bars = False  # ours instead (progress.py)
         # A replay trains on the recorded batches: no pipeline, no generation.
@@ -329,12 +339,21 @@ def run_training(cfg: Config) -> dict:
                                  worker_runtime_env=trainer_runtime_env(cfg)))
         prior = lineage(read_events(tracker.steps_path)) if resume else []
         tail = StepTail(driver, tracker, prior=prior)
-        t_train = time.time()
         stopper = StopOnInterrupt(lambda: driver.request_stop.remote(), notice=tail.progress.note)
         bound_train_start(cfg.run.placement_timeout_s)
+        before = None
+        if why_sequential is not None and eval_before:
+            before = report_eval("before", evaluate(handle, tokenizer, held_out, cfg))
+        t_train = time.time()
         try:
             with stopper:
-                in_worker_thread(trainer.fit)
+                fit = WorkerThread(trainer.fit)
+                if why_sequential is None:
+                    wait_for_app(app_name, cfg.run.placement_timeout_s)
+                    if eval_before:
+                        before = report_eval("before", evaluate(handle, tokenizer, held_out, cfg))
+                        ray.get(driver.release_admissions.remote())
+                fit.result()
         except Exception as e:
             if not actor_alive(driver, timeout_s=10):
                 raise RuntimeError(driver_lost(driver_name, cfg, run_dir)) from e
@@ -351,14 +370,15 @@ def run_training(cfg: Config) -> dict:
                 else "no checkpoint (train.checkpoint_every=0)"
             raise RunInterrupted(f"stopped after version {last}: {where}")
 
-        after = evaluate(handle, tokenizer, held_out, cfg) \
+        after = report_eval("after", evaluate(handle, tokenizer, held_out, cfg)) \
             if cfg.run.eval_after else None
-        if after:
-            print(f"[areal-ray] eval after: {eval_line(after)}", flush=True)
         final_dir = save_final_model(driver, model_path, run_dir / "final_model", cfg)
         n_prior = sum(r["version"] <= (tail.start_version or 0) for r in steps)
         loads = ray.get(driver.replica_loads.remote())
         summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start, n_prior)
+        if len(steps) > n_prior and "t_wall" in steps[n_prior]:
+            # from this call (config read, nothing started) to this job's first step
+            summary["first_step_s"] = steps[n_prior]["t_wall"] - t_start
         summary.update(utilization(steps[n_prior:], loads))
         summary.update({"run_dir": str(run_dir), "final_model": str(final_dir),
                         "mlflow_run_id": tracker.run_id})
@@ -376,11 +396,22 @@ def run_training(cfg: Config) -> dict:
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)
+        # A run that failed while its trainer was starting (the replicas were never
+        # placed, the eval raised): without the driver, DriverWatch ends the fit.
+        if fit is not None and not fit.join(FIT_GONE_S):
+            print(f"[areal-ray] the trainer did not stop within {FIT_GONE_S:g} s of the driver's "
+                  "end; Ray ends its actors with the job", flush=True)
+
+
+def report_eval(when: str, result: dict) -> dict:
+    print(f"[areal-ray] eval {when}: {eval_line(result)}", flush=True)
+    return result
 
 
 def start_rollout_app(cfg: Config, model_path: str, driver_name: str, namespace: str,
-                      app_name: str):
-    """Start the rollout Serve app; the handle of its Rollout deployment. With
+                      app_name: str, wait: bool = True):
+    """Start the rollout Serve app; the handle of its Rollout deployment (with `wait`
+    once the app runs; without, the caller waits with `wait_for_app`). With
     `rollout.openai.enabled` the app's ingress is the OpenAI endpoint
     (deployments/openai_api.py) behind Serve's HTTP proxy on `rollout.openai.port`,
     so the Rollout deployment is looked up by name rather than taken from `serve.run`.
@@ -392,14 +423,14 @@ def start_rollout_app(cfg: Config, model_path: str, driver_name: str, namespace:
         serve.start(proxy_location="HeadOnly",
                     http_options={"host": endpoint.host, "port": endpoint.port})
         deploy_app(build_openai_app(cfg, app, model_path), app_name, cfg.run.placement_timeout_s,
-                   route_prefix=endpoint.route_prefix)
+                   route_prefix=endpoint.route_prefix, wait=wait)
         # That a key exists and where it comes from; never the key itself.
         print(f"[areal-ray] OpenAI endpoint at {endpoint.base_url(ray.util.get_node_ip_address())}"
               "/sessions/<sid>/v1, bearer key rollout.openai.api_key (when not set in the config: "
               "a random one, passed to the workflow only)", flush=True)
     else:
         serve.start(proxy_location="Disabled")
-        deploy_app(app, app_name, cfg.run.placement_timeout_s)
+        deploy_app(app, app_name, cfg.run.placement_timeout_s, wait=wait)
     return serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app_name)
 
 

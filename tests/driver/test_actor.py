@@ -24,6 +24,14 @@ def test_acquire_waits_for_a_push_and_close_releases_waiters(ray_cluster):
     assert ray.get(d.acquire.remote(), timeout=10) is None
 
 
+def test_a_held_driver_admits_only_after_the_release(ray_cluster):
+    d = Driver.remote(eta=1, batch_groups=1, held=True)
+    waiting = d.acquire.remote()
+    assert not ray.wait([waiting], timeout=0.5)[0]  # held: nothing is generated yet
+    ray.get(d.release_admissions.remote())
+    assert ray.get(waiting, timeout=10) == (0, 0)
+
+
 def test_push_waits_for_acks_and_drops_a_silent_replica(ray_cluster):
     d = Driver.remote(eta=1, batch_groups=1, push_timeout_s=1.0)
     assert ray.get(d.register_replica.remote("a")) == (0, 0, None)

@@ -59,6 +59,39 @@ def test_lifecycle(calls, phase, outcome):
             "skip": got is None}[outcome], got
 
 
+# (calls on an admission made held, what a prompt of the current generation gets)
+HELD = [
+    ([], "wait"),
+    (["release"], "admitted"),
+    (["begin_generation", "restore", "resume"], "wait"),  # the trainer's start does not release
+    (["begin_generation", "restore", "resume", "release"], "admitted"),
+    (["release", "begin_generation"], "wait"),  # a restart still waits for its restore
+    (["close"], "skip"),  # a run closed while held admits nothing, released or not
+    (["close", "release"], "skip"),
+]
+
+
+@pytest.mark.parametrize("calls,outcome", HELD)
+def test_a_held_admission_waits_for_the_release_whatever_the_trainer_does(calls, outcome):
+    a = Admission(StalenessGate(1, 2), held=True)
+    for call in calls:
+        if call == "restore":
+            a.restore(0, 0, 0, [])
+        else:
+            getattr(a, call)()
+    got = a.decide(0, a.generation)
+    assert {"admitted": isinstance(got, Admitted), "wait": got is WAIT,
+            "skip": got is None}[outcome], got
+
+
+def test_release_says_whether_it_changed_anything():
+    a = Admission(StalenessGate(1, 2), held=True)
+    assert a.state()["held"] is True
+    assert a.release() is True and a.release() is False
+    assert a.state()["held"] is False
+    assert Admission(StalenessGate(1, 2)).release() is False
+
+
 def test_an_old_pipeline_is_cut_off_and_consumed_positions_are_skipped():
     a = admission(eta=0, b=2)
     gen = a.begin_generation()
