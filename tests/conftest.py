@@ -101,7 +101,8 @@ def ray_cluster():
     every training job ~13 s at its end (or the ask found another cluster on the host)."""
     import ray
 
-    (port,) = _free_ports(1)
+    from areal_ray.cluster.head import free_ports
+    (port,) = free_ports(1)
     env = {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
            "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
     ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
@@ -130,108 +131,14 @@ def tools_model() -> str:
     return resolve_model("artifacts/tiny-tools")
 
 
-def _free_ports(n: int) -> list[int]:
-    """`n` distinct free ports: the sockets stay bound until all are chosen (binding and
-    closing one at a time let the OS hand out the same port twice, and `ray start`
-    refused two components on one port)."""
-    import socket
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _session_processes(sid: int) -> dict[int, str]:
-    """{pid: name} of the live (not zombie) processes of session `sid` (/proc)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if rest[0] != "Z" and int(rest[3]) == sid:  # fields after the name: state ppid pgrp session
-            found[int(entry.name)] = name
-    return found
-
-
 @pytest.fixture(scope="module")
 def head_cluster(tmp_path_factory):
     """A separate cluster started the way users start one (`ray start --head`), with
     the dashboard (job server) and a metrics export port. Its own process group, so
     tearing it down cannot touch the session's cluster (`ray stop` would stop both)."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    import urllib.error
-    import urllib.request
-
-    ports = dict(zip(("gcs", "dashboard", "metrics", "client", "agent", "agent_grpc",
-                      "runtime_env"), _free_ports(7)))
-    bindir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
-               RAY_metrics_report_interval_ms="2000", TOKENIZERS_PARALLELISM="false",
-               RAY_AUTH_MODE="token")  # clients send ~/.ray/auth_token only in token mode
-    env.pop("RAY_ADDRESS", None)
-    # where the state API is (Ray Train's PlacementGroupCleaner asks it): this cluster's
-    # dashboard, not whichever cluster on the host auto-detection finds
-    env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{ports['dashboard']}"
-    log = tmp_path_factory.mktemp("head") / "ray_start.log"
-    proc = subprocess.Popen(
-        [str(bindir / "ray"), "start", "--head", "--block", "--num-cpus=4",
-         f"--port={ports['gcs']}", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={ports['dashboard']}", f"--metrics-export-port={ports['metrics']}",
-         f"--ray-client-server-port={ports['client']}",
-         f"--dashboard-agent-listen-port={ports['agent']}",
-         f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
-         f"--runtime-env-agent-port={ports['runtime_env']}"],
-        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-    def answers(url: str) -> bool:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return True
-        except urllib.error.HTTPError:  # 401 without the token: the server is up
-            return True
-        except OSError:
-            return False
-
-    deadline = time.time() + 120
-    while not (answers(f"http://127.0.0.1:{ports['dashboard']}/api/version")
-               and answers(f"http://127.0.0.1:{ports['metrics']}/metrics")):
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"ray start --head failed:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
-    yield {"gcs_address": f"127.0.0.1:{ports['gcs']}",
-           "dashboard_url": f"http://127.0.0.1:{ports['dashboard']}",
-           "metrics_url": f"http://127.0.0.1:{ports['metrics']}/metrics", "env": env}
-    # SIGTERM to the raylet first, while the GCS still answers: it stops its workers
-    # (each in its own process group, so killpg cannot reach them; they stay in the
-    # session) and exits in well under a second. Then the rest of the session (GCS,
-    # dashboard, monitor, `ray start`) is killed. (SIGTERM to the whole group at once
-    # made the raylet take ~10 s, left an idle worker behind, and the GCS and
-    # `ray start` outlived it: the wait for the group to vanish always ran its 20 s.)
-    for pid, name in _session_processes(proc.pid).items():
-        if name == "raylet":
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.time() + 20
-    while time.time() < deadline and any(
-            name == "raylet" or name.startswith("ray::")
-            for name in _session_processes(proc.pid).values()):
-        proc.poll()  # reap our own child
-        time.sleep(0.25)
-    for pid in _session_processes(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(10)
+    from areal_ray.cluster.head import start_head
+    head = start_head(tmp_path_factory.mktemp("head") / "ray_start.log",
+                      extra_env={"RAY_metrics_report_interval_ms": "2000"})
+    yield {"gcs_address": head.gcs_address, "dashboard_url": head.dashboard_url,
+           "metrics_url": head.metrics_url, "env": head.env}
+    head.stop()

@@ -1,0 +1,138 @@
+"""A `ray start --head` cluster on this machine, started and stopped by a program: the
+way Ray users run jobs (`ray start` once, then `ray job submit`), for the tests of
+submission and clean-up and for the start-up benchmark.
+
+It runs in its own session (process group), so stopping it cannot touch another
+cluster on the host, as `ray stop` would. Every port is chosen free up front.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+PORTS = ("gcs", "dashboard", "metrics", "client", "agent", "agent_grpc", "runtime_env")
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: the sockets stay bound until all are chosen (binding and
+    closing one at a time let the OS hand out the same port twice, and `ray start`
+    refused two components on one port)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def session_processes(sid: int) -> dict[int, str]:
+    """{pid: name} of the live (not zombie) processes of session `sid` (/proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z" and int(rest[3]) == sid:  # fields after the name: state ppid pgrp session
+            found[int(entry.name)] = name
+    return found
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except urllib.error.HTTPError:  # 401 without the token: the server is up
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class HeadCluster:
+    proc: subprocess.Popen
+    ports: dict[str, int]
+    env: dict[str, str]  # what a `ray` CLI call or a job needs to reach this cluster
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.ports['gcs']}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dashboard']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def stop(self) -> None:
+        """SIGTERM to the raylet first, while the GCS still answers: it stops its
+        workers (each in its own process group, so killpg cannot reach them; they stay
+        in the session) and exits in well under a second. Then the rest of the session
+        (GCS, dashboard, monitor, `ray start`) is killed. (SIGTERM to the whole group
+        at once made the raylet take ~10 s, left an idle worker behind, and the GCS and
+        `ray start` outlived it.)"""
+        for pid, name in session_processes(self.proc.pid).items():
+            if name == "raylet":
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 20
+        while time.time() < deadline and any(
+                name == "raylet" or name.startswith("ray::")
+                for name in session_processes(self.proc.pid).values()):
+            self.proc.poll()  # reap our own child
+            time.sleep(0.25)
+        for pid in session_processes(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
+
+def start_head(log: Path, num_cpus: int = 4, timeout_s: float = 120.0,
+               extra_env: dict[str, str] | None = None) -> HeadCluster:
+    """`ray start --head --block` with the dashboard (job server) and a metrics export
+    port, in token auth mode; returns once both answer."""
+    ports = dict(zip(PORTS, free_ports(len(PORTS))))
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+               TOKENIZERS_PARALLELISM="false",
+               RAY_AUTH_MODE="token",  # clients send ~/.ray/auth_token only in token mode
+               # where the state API is (Ray Train's PlacementGroupCleaner asks it): this
+               # cluster's dashboard, not whichever cluster on the host auto-detection finds
+               RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{ports['dashboard']}", **(extra_env or {}))
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [str(bindir / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}",
+         f"--port={ports['gcs']}", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={ports['dashboard']}", f"--metrics-export-port={ports['metrics']}",
+         f"--ray-client-server-port={ports['client']}",
+         f"--dashboard-agent-listen-port={ports['agent']}",
+         f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+         f"--runtime-env-agent-port={ports['runtime_env']}"],
+        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    head = HeadCluster(proc, ports, env)
+    deadline = time.time() + timeout_s
+    while not (_answers(f"{head.dashboard_url}/api/version") and _answers(head.metrics_url)):
+        if proc.poll() is not None or time.time() > deadline:
+            head.stop()
+            raise RuntimeError(f"ray start --head failed:\n{log.read_text()[-3000:]}")
+        time.sleep(1)
+    return head
