@@ -65,30 +65,22 @@ import dataclasses
 import logging
 import os
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
-from areal_ray.rollout.engines.vllm_lora import (
-    AdapterSlots,
-    adapter_dir_name,
-    check_base,
-    lora_engine_args,
-    write_peft_dir,
-)
+from areal_ray.rollout.engines.vllm_lora import AdapterServing, lora_engine_args
 from areal_ray.weights.staging import staging_dir
 
 try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 except ImportError:  # the module imports without vLLM; the engine cannot be built
-    SamplingParams = AsyncEngineArgs = RequestOutputKind = AsyncLLM = LoRARequest = None
+    SamplingParams = AsyncEngineArgs = RequestOutputKind = AsyncLLM = None
 
 WORKER_EXTENSION = "areal_ray.rollout.engines.vllm_worker.WeightSync"
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -234,7 +226,7 @@ def check_sleep_mode(args: dict) -> bool:
 
 
 # ----------------------------------------------------------------- the engine
-class VLLMEngine(GatedEngine):
+class VLLMEngine(AdapterServing, GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
@@ -291,9 +283,7 @@ class VLLMEngine(GatedEngine):
         # decides from `asleep` what to wake first).
         self._memory = asyncio.Lock()
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
-        self.slots = AdapterSlots()  # model.lora: the adapter ids vLLM holds (vllm_lora.py)
-        self._lora: dict[int, LoRARequest] = {}
-        self._base_checked = False  # the first adapter's base digest was compared
+        self._init_lora()
         self._probe: tuple[int, list[int], list[float]] | None = None  # (version, ids, logprobs)
 
     # ----------------------------------------------------------------- generation
@@ -406,66 +396,13 @@ class VLLMEngine(GatedEngine):
         await self._unload_unused()  # full weights: no adapter serves from now on
         return info
 
-    async def update_adapter(self, adapter, version: int, mode: str = "abort") -> dict:
-        """Serve a pushed LoRA adapter (`weights.adapter.Adapter`) under a new adapter id
-        from `version` on (vllm_lora.py). The adapter is written and added to vLLM
-        before the pause, while requests run on the previous one; the swap only moves new
-        requests onto it, and the old id is unloaded once no request uses it. A refused
-        adapter (bad shape, other base) leaves the served one as it was."""
-        if LoRARequest is None or not self.engine.vllm_config.lora_config:
-            raise RuntimeError("this vLLM engine was built without LoRA: the replica passes "
-                               "model.lora.rank as lora_rank (enable_lora)")
-        adapter.check()
-        t0 = time.perf_counter()
-        if not self._base_checked:
-            await asyncio.to_thread(check_base, adapter, self.model_path, self.dtype)
-            self._base_checked = True
-        lora_id = self.slots.new_id()
-        nbytes = sum(t.numel() * t.element_size() for t in adapter.tensors.values())
-        from areal_ray.cluster.cleanup import weight_file_name
-        path = staging_dir(nbytes) / weight_file_name("vllm", self.owner, adapter_dir_name())
-        try:
-            await asyncio.to_thread(write_peft_dir, adapter, path)
-            t_written = time.perf_counter()
-            request = LoRARequest(f"areal-v{version}-{lora_id}", lora_id, str(path))
-            async with self._memory:  # asleep, vLLM's LoRA slots sleep with the weights
-                if "weights" in self.asleep:
-                    await self._wake(["weights"])
-                if not await self.engine.add_lora(request):
-                    raise RuntimeError(f"vLLM refused adapter v{version} (id {lora_id})")
-        except BaseException:
-            self.slots.unloaded(lora_id)
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        self._lora[lora_id] = request
-        t_added = time.perf_counter()
-
-        async def activate():
-            self.slots.activate(lora_id)
-        info = await self._swap(version, mode, activate)
-        await self._unload_unused()
-        return {**info, "adapter_modules": len(adapter.modules), "adapter_bytes": nbytes,
-                "adapter_write_s": t_written - t0, "adapter_add_s": t_added - t_written}
-
-    async def _unload_unused(self) -> None:
-        """Remove from vLLM (and from disk) the adapters no request uses any more."""
-        for lora_id in self.slots.unused():
-            self.slots.unloaded(lora_id)
-            request = self._lora.pop(lora_id, None)
-            await self.engine.remove_lora(lora_id)
-            if request is not None:
-                shutil.rmtree(request.lora_path, ignore_errors=True)
-
-    def adapters(self) -> dict:
-        """The adapter ids this engine holds, which one serves new requests, and how many
-        running requests use each (tests, stats)."""
-        return {"current": self.slots.current, "loaded": sorted(self.slots.loaded),
-                "users": dict(self.slots.users)}
-
     async def _load_file(self, path: Path) -> None:
         """Load a staged file; no request of ours is inside vLLM now. Asleep, the weights
         wake first (a load writes into their memory) and the KV cache stays asleep."""
         self.slots.activate(None)  # full weights are served as they are, with no adapter
+        # They are the base of any later adapter, and their digest is not kept (it would
+        # cost a hash of the model per push): the checkpoint on disk no longer applies.
+        self._base_checked = True
         async with self._memory:
             if "weights" in self.asleep:
                 await self._wake(["weights"])

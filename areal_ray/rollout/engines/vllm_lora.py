@@ -1,5 +1,7 @@
-"""LoRA on vLLM (`model.lora` with `rollout.backend=vllm`): the pieces of `VLLMEngine.
-update_adapter` that need no running engine.
+"""LoRA on vLLM (`model.lora` with `rollout.backend=vllm`): `AdapterServing`, the
+`VLLMEngine` calls that serve pushed adapters, and the pure pieces they use (engine
+arguments, the peft directory, the base check, `AdapterSlots`), which unit tests reach
+without an engine.
 
 vLLM serves an adapter per request (`LoRARequest`) on top of the base weights it
 loaded, with its own LoRA kernels (punica; `PunicaWrapperCPU` on the CPU build), so
@@ -24,13 +26,16 @@ again if its LRU cache evicted the adapter.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
 
 from areal_ray.weights.adapter import Adapter, base_digest, peft_tensors
+from areal_ray.weights.staging import staging_dir
 
 # vLLM's `LoRAConfig.max_lora_rank` takes only these (vllm/config/lora.py: MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -170,3 +175,71 @@ class AdapterSlots:
         """`lora_id` is gone from vLLM (or its add failed)."""
         self.loaded.discard(lora_id)
         self.pending.discard(lora_id)
+
+
+class AdapterServing:
+    """`VLLMEngine`'s LoRA calls (a mixin: `self` is the engine, with its `engine`, an
+    AsyncLLM, its gate's `_swap`, `owner`, `model_path`, `dtype` and sleep state)."""
+
+    def _init_lora(self) -> None:
+        self.slots = AdapterSlots()  # the adapter ids vLLM holds
+        self._lora: dict[int, object] = {}  # id -> its LoRARequest
+        self._base_checked = False  # the first adapter's base digest was compared
+
+    async def update_adapter(self, adapter, version: int, mode: str = "abort") -> dict:
+        """Serve a pushed LoRA adapter (`weights.adapter.Adapter`) under a new adapter id
+        from `version` on (vllm_lora.py). The adapter is written and added to vLLM
+        before the pause, while requests run on the previous one; the swap only moves new
+        requests onto it, and the old id is unloaded once no request uses it. A refused
+        adapter (bad shape, other base) leaves the served one as it was."""
+        if not self.engine.vllm_config.lora_config:
+            raise RuntimeError("this vLLM engine was built without LoRA: the replica passes "
+                               "model.lora.rank as lora_rank (enable_lora)")
+        adapter.check()
+        t0 = time.perf_counter()
+        if not self._base_checked:
+            await asyncio.to_thread(check_base, adapter, self.model_path, self.dtype)
+            self._base_checked = True
+        lora_id = self.slots.new_id()
+        nbytes = sum(t.numel() * t.element_size() for t in adapter.tensors.values())
+        from areal_ray.cluster.cleanup import weight_file_name
+        path = staging_dir(nbytes) / weight_file_name("vllm", self.owner, adapter_dir_name())
+        try:
+            await asyncio.to_thread(write_peft_dir, adapter, path)
+            t_written = time.perf_counter()
+            from vllm.lora.request import LoRARequest  # the engine exists: vLLM is installed
+            request = LoRARequest(f"areal-v{version}-{lora_id}", lora_id, str(path))
+            async with self._memory:  # asleep, vLLM's LoRA slots sleep with the weights
+                if "weights" in self.asleep:
+                    await self._wake(["weights"])
+                if not await self.engine.add_lora(request):
+                    raise RuntimeError(f"vLLM refused adapter v{version} (id {lora_id})")
+        except BaseException:
+            self.slots.unloaded(lora_id)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self._lora[lora_id] = request
+        t_added = time.perf_counter()
+
+        async def activate():
+            self.slots.activate(lora_id)
+        info = await self._swap(version, mode, activate)
+        await self._unload_unused()
+        return {**info, "adapter_modules": len(adapter.modules), "adapter_bytes": nbytes,
+                "adapter_write_s": t_written - t0, "adapter_add_s": t_added - t_written}
+
+    async def _unload_unused(self) -> None:
+        """Remove from vLLM (and from disk) the adapters no request uses any more."""
+        for lora_id in self.slots.unused():
+            self.slots.unloaded(lora_id)
+            request = self._lora.pop(lora_id, None)
+            await self.engine.remove_lora(lora_id)
+            if request is not None:
+                shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    def adapters(self) -> dict:
+        """The adapter ids this engine holds, which one serves new requests, and how many
+        running requests use each (tests, stats)."""
+        return {"current": self.slots.current, "loaded": sorted(self.slots.loaded),
+                "users": dict(self.slots.users)}
+
