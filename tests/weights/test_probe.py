@@ -97,6 +97,8 @@ def test_expectations_of_old_versions_are_let_go():
     ([], 1e-5),                                               # hf, float32
     (["rollout.backend=vllm"], 1e-3),
     (["weights.dtype=bfloat16"], 5e-2),                       # rounded on the way
+    (["model.lora.enabled=true", "weights.path=shm"], 1e-4),  # merged vs unmerged
+    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm"], 1e-3),
     (["weights.probe_atol=0.25"], 0.25),
     (["weights.probe=false"], None),
     (["rollout.backend=sglang"], None),                       # cannot score one yet
