@@ -39,6 +39,7 @@ from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights.adapter import Adapter
 from areal_ray.weights.encoding import NCCL_ENV
+from areal_ray.weights.probe import probe_enabled, probe_ids
 from areal_ray.weights.receivers import WeightReceiver
 
 logger = logging.getLogger("ray.serve")
@@ -64,6 +65,8 @@ class ServerOptions:
     engine_kwargs: dict | None
     release_memory: bool  # free the engine's GPU memory during trainer steps (one GPU)
     run_name: str  # the `run` tag of this replica's dashboard metrics
+    lora_rank: int = 0  # model.lora.rank when adapters are pushed, else 0
+    probe: bool = False  # score the load probe after every push (weights/probe.py)
 
     @classmethod
     def from_config(cls, cfg) -> ServerOptions:
@@ -75,7 +78,9 @@ class ServerOptions:
                    dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
                    rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
-                   release_memory=r.release_memory, run_name=cfg.run.name)
+                   release_memory=r.release_memory, run_name=cfg.run.name,
+                   lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else 0,
+                   probe=probe_enabled(cfg))
 
 
 async def all_or_none(coros) -> list:
@@ -100,8 +105,11 @@ class RolloutServer:
         self.engine = build_engine(opts.backend, model_path, EngineOptions(
             max_batch_size=opts.max_batch_size, dtype=opts.dtype, batching=opts.batching,
             threads=opts.torch_threads, engine_kwargs=dict(opts.engine_kwargs or {}),
-            release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or ""))
+            release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or "",
+            lora_rank=opts.lora_rank))
         await self.engine.warmup()
+        if opts.probe:  # scored after every load (weights/probe.py)
+            self.engine.probe_ids = probe_ids(self.engine.limits.vocab_size)
         # The app owns the tokenizer, as inference servers do: clients (the rollout
         # stage) then need no transformers of their own (seconds and ~350 MB a process).
         self.tokenizer = load_tokenizer(model_path)
@@ -138,8 +146,16 @@ class RolloutServer:
             await self._swap(None, version, self.receiver.stream(payload))
         else:  # received while generation goes on; only the swap holds the engine
             await self._swap(await self.receiver.receive(payload), version)
+        load_s = time.perf_counter() - t0
+        # What the new weights compute, for the driver to check against the trainer's
+        # (weights/probe.py): an ack alone cannot tell a load that applied nothing.
+        probe = None
+        if self.engine.probe_ids and payload is not None:
+            ids = self.engine.probe_ids
+            probe = (ids, await self.engine.score(ids))
+            self.updates[-1]["probe_s"] = time.perf_counter() - t0 - load_s
         self.serial = serial
-        await self.driver.ack.remote(self.replica_id, serial, time.perf_counter() - t0)
+        await self.driver.ack.remote(self.replica_id, serial, load_s, probe)
 
     def _streams(self, payload) -> bool:
         """Stream a broadcast into the engine rather than hold a whole received copy of

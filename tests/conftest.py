@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 E2E_DIRS = {"jobs", "benchmarks", "notebooks", "deployments"}  # the real job, a bench, a notebook, a Serve app
 RAY_FIXTURES = {"ray_cluster", "head_cluster"}
 # a real inference engine's processes or a torch.distributed process group
-ENGINE_FIXTURES = {"vllm_engine", "one_rank_group"}
+ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 
 
 def pytest_collection_modifyitems(config, items):

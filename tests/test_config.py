@@ -116,8 +116,10 @@ CHECKS = [
     (["model.lora.enabled=true"], r"weights.path=auto does not carry yet.*shm, object_store \(auto may"),
     (["model.lora.enabled=true", "weights.path=collective"], "weights.path=collective does not carry"),
     (["model.lora.enabled=true", "weights.path=disk"], "weights.path=disk does not carry"),
-    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm"],
-     r"rollout.backend=vllm cannot apply a pushed adapter.*rollout.backend=hf"),
+    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=sglang"],
+     r"rollout.backend=sglang cannot apply a pushed adapter.*rollout.backend=hf or vllm"),
+    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm", "model.lora.rank=513"],
+     r"model.lora.rank=513: vLLM serves adapters of rank <= 512"),
 ]
 
 
@@ -154,12 +156,14 @@ def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
     assert f"{key}: " in msg and repr(bad) in msg and f"[{allowed}]" in msg, msg
 
 
-def test_lora_is_off_by_default_and_accepted_on_the_paths_that_carry_it():
+def test_lora_is_off_by_default_and_accepted_on_the_paths_and_engines_that_carry_it():
     assert not load_config(None, []).model.lora.enabled
     for path in ("shm", "object_store"):
-        cfg = load_config(None, ["model.lora.enabled=true", f"weights.path={path}",
-                                 "model.lora.rank=4", "model.lora.alpha=8"])
-        assert cfg.model.lora.scaling == 2.0
+        for backend in ("hf", "vllm"):
+            cfg = load_config(None, ["model.lora.enabled=true", f"weights.path={path}",
+                                     f"rollout.backend={backend}", "model.lora.rank=4",
+                                     "model.lora.alpha=8"])
+            assert cfg.model.lora.scaling == 2.0
 
 
 def test_choices_read_as_their_strings():

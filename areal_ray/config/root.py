@@ -60,7 +60,8 @@ def check_across(cfg: Config) -> None:
 # Weight paths that carry a LoRA adapter on its own (an `AdapterPayload` around the
 # path's own payload); the others would need their receivers taught the same.
 LORA_PATHS = ("shm", "object_store")
-LORA_BACKENDS = ("hf",)  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+LORA_BACKENDS = ("hf", "vllm")  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank (rollout/engines/vllm_lora.py)
 
 
 def check_lora(cfg: Config) -> None:
@@ -74,5 +75,7 @@ def check_lora(cfg: Config) -> None:
             + (" (auto may choose collective)" if cfg.weights.path == "auto" else ""))
     require(cfg.rollout.backend in LORA_BACKENDS,
             f"model.lora.enabled: rollout.backend={cfg.rollout.backend} cannot apply a pushed "
-            f"adapter yet (vLLM's LoRARequest is not wired); use rollout.backend="
-            f"{' or '.join(LORA_BACKENDS)}")
+            f"adapter yet; use rollout.backend={' or '.join(LORA_BACKENDS)}")
+    require(cfg.rollout.backend != "vllm" or cfg.model.lora.rank <= VLLM_MAX_LORA_RANK,
+            f"model.lora.rank={cfg.model.lora.rank}: vLLM serves adapters of rank <= "
+            f"{VLLM_MAX_LORA_RANK} only")

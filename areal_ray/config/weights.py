@@ -18,7 +18,11 @@ class WeightsConfig:
     dtype: str = opt("", "dtype sent to the replicas (e.g. bfloat16); empty: the trained dtype")
     timeout_s: float = opt(60.0, "timeout of every collective call (group set-up, each bucket)")
     backend: CollectiveBackend = opt(CollectiveBackend.gloo, "collective backend: gloo (CPU) | nccl (GPU trainers and replicas)")
+    probe: bool = opt(True, "after each push every replica scores a fixed 16-token probe and the driver checks it against the trainer's logprobs (a push that changed nothing fails the run)")
+    probe_atol: float | None = opt(None, "max |logprob diff| the probe accepts; null: the engine's default (areal_ray/weights/probe.py)")
 
     def check(self) -> None:
         require(self.bucket_mb >= 1, "weights.bucket_mb must be >= 1")
         require(self.timeout_s > 0, "weights.timeout_s must be > 0")
+        require(self.probe_atol is None or self.probe_atol >= 0,
+                f"weights.probe_atol must be >= 0 or null (got {self.probe_atol})")

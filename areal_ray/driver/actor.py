@@ -46,6 +46,7 @@ from areal_ray.driver.publication import Publication
 from areal_ray.driver.release import MemoryRelease
 from areal_ray.observe.metrics import DriverMetrics
 from areal_ray.weights.payloads import CollectivePayload
+from areal_ray.weights.probe import ProbeCheck, ProbeMismatch
 
 MONITOR_PERIOD_S = 2.0
 
@@ -65,7 +66,10 @@ async def _alive(handle) -> bool:
 class Driver:
     def __init__(self, eta: int, batch_groups: int, max_concurrent: int = 0,
                  push_timeout_s: float = 120.0, run_name: str = "", ordered: bool = False,
-                 held: bool = False):
+                 held: bool = False, probe_atol: float | None = None):
+        """`held`: admit nothing until `release_admissions()`. `probe_atol`: check every
+        replica's load probe against the trainer's within this max |logprob diff|
+        (weights/probe.py); None: no probe."""
         self.admission = Admission(StalenessGate(eta, batch_groups, max_concurrent or None),
                                    ordered=ordered, held=held)
         self.publication = Publication()
@@ -74,6 +78,8 @@ class Driver:
         self.events = EventLog()
         self.metrics = DriverMetrics(run_name)
         self.push_timeout_s = push_timeout_s
+        self.probe = ProbeCheck(probe_atol) if probe_atol is not None else None
+        self._probe_failed: dict[int, str] = {}  # serial -> the first replica's mismatch
         self._stop_requested = False  # the job was interrupted (Ctrl-C): stop at a step's end
         self._cond: asyncio.Condition | None = None  # made on the actor's event loop
         self._monitor: asyncio.Task | None = None
@@ -212,10 +218,24 @@ class Driver:
                 return None
             return self.publication.latest.as_tuple()
 
-    async def ack(self, replica_id: str, serial: int, load_s: float = 0.0) -> None:
+    async def ack(self, replica_id: str, serial: int, load_s: float = 0.0,
+                  probe: tuple[list[int], list[float]] | None = None) -> None:
+        """`probe`: the replica's probe of what it serves now (`InferenceEngine.score`)."""
         async with self.cond:
+            latest = self.publication.latest
+            if self.probe is not None and serial == latest.serial and latest.payload is not None:
+                try:
+                    self.probe.check(replica_id, latest.version, probe)
+                except ProbeMismatch as e:  # the push fails (_await_loads), naming the replica
+                    self._probe_failed.setdefault(serial, str(e))
             self.publication.ack(replica_id, serial, load_s)
             self.cond.notify_all()
+
+    async def expect_probe(self, version: int, ids: list[int], logprobs: list[float]) -> None:
+        """Trainer rank 0, before it publishes `version`: the probe logprobs every replica
+        must reproduce after loading it."""
+        if self.probe is not None:
+            self.probe.expect(version, ids, logprobs)
 
     async def push_weights(self, version: int, payload) -> dict:
         """Publish `payload` as `version`; return when every live replica serves it."""
@@ -272,9 +292,12 @@ class Driver:
                 dropped = self.publication.drop_behind(serial)
             self.admission.served(version)
             self.cond.notify_all()
+        if serial in self._probe_failed:
+            raise ProbeMismatch(self._probe_failed.pop(serial))
         return {"version": version, "push_s": time.perf_counter() - t0,
                 "replicas": len(self.publication.loaded), "dropped": dropped,
-                "load_s": self.publication.load_time(serial)}
+                "load_s": self.publication.load_time(serial),
+                **(self.probe.summary(version) if self.probe is not None else {})}
 
     async def acquire_load_slot(self, replica_id: str) -> None:
         """Rolling updates: one replica swaps weights at a time."""

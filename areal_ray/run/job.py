@@ -68,6 +68,7 @@ from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.weights.encoding import NCCL_ENV, state_from
 from areal_ray.weights.group import free_port
+from areal_ray.weights.probe import run_probe_atol
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
@@ -305,7 +306,7 @@ def run_training(cfg: Config) -> dict:
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
         cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic,
-        held=why_sequential is None and eval_before)
+        held=why_sequential is None and eval_before, probe_atol=run_probe_atol(cfg))
     tokenizer = load_tokenizer(model_path)
     fit = None
     try:

@@ -54,6 +54,7 @@ from areal_ray.train.lora import adapter_meta, trainable_parameters
 from areal_ray.train.schedule import make_scheduler
 from areal_ray.train.step import Models, train_step
 from areal_ray.types import Group
+from areal_ray.weights.probe import probe_enabled
 from areal_ray.weights.push import WeightPusher
 
 
@@ -175,7 +176,8 @@ def train_loop_per_worker(config: dict) -> None:
     adapter = adapter_meta(m.policy, cfg.model.lora, config["model_path"], cfg.model.dtype) \
         if cfg.model.lora.enabled else None
     pusher = WeightPusher(cfg.weights, driver, rank, config["weights_dir"],
-                          owner=tag_of_driver(config["driver_name"]) or "", adapter=adapter)
+                          owner=tag_of_driver(config["driver_name"]) or "", adapter=adapter,
+                          probe=probe_enabled(cfg))
 
     # Replicas must serve exactly this run's version-`start` weights before any group
     # is admitted (a rollback after a failure, or a resumed run on fresh replicas).

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from areal_ray.weights.adapter import A, Adapter, B, base_digest, merged_state
+from areal_ray.weights.adapter import A, Adapter, B, base_digest, merged_state, peft_tensors
 from areal_ray.weights.payloads import AdapterMeta
 
 ADAPTER_DIR = "adapter"  # the peft adapter's folder inside an exported model
@@ -120,11 +120,6 @@ def adapter_meta(model, lora, base: str, dtype: str) -> AdapterMeta:
     return AdapterMeta.from_config(lora, base, base_digest(base_weights(model), dtype))
 
 
-def peft_state(adapter: Adapter) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under the names peft's `set_peft_model_state_dict` takes."""
-    return {f"base_model.model.{k}.weight": v for k, v in adapter.tensors.items()}
-
-
 def save_lora_model(adapter: Adapter, model_src: str, out: Path) -> Path:
     """The merged model (base at `model_src` + `adapter`, weights/adapter.py's merge: the
     weights the replicas served) as plain HF files in `out`, and the adapter alone in
@@ -137,7 +132,7 @@ def save_lora_model(adapter: Adapter, model_src: str, out: Path) -> Path:
     save_hf(merged_state(base.state_dict(), adapter), model_src, out)
     meta = adapter.meta
     wrapped = peft.get_peft_model(base, peft_config(meta.rank, meta.alpha, meta.targets))
-    peft.set_peft_model_state_dict(wrapped, peft_state(adapter))
+    peft.set_peft_model_state_dict(wrapped, peft_tensors(adapter))
     wrapped.peft_config["default"].base_model_name_or_path = meta.base
     wrapped.save_pretrained(str(out / ADAPTER_DIR))
     return out

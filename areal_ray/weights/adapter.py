@@ -58,6 +58,12 @@ class Adapter:
                                  f"are not of rank {self.meta.rank}")
 
 
+def peft_tensors(adapter: Adapter) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under peft's saved names (`save_pretrained`'s
+    `adapter_model.safetensors`, which `set_peft_model_state_dict` and vLLM read)."""
+    return {f"base_model.model.{k}.weight": v for k, v in adapter.tensors.items()}
+
+
 def merge_weight(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
     """W_base + (B @ A) * scaling, in float32, in W_base's dtype (peft's order)."""
     delta = (b.to(device=base.device, dtype=torch.float32)

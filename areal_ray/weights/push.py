@@ -15,6 +15,7 @@ import ray
 import torch.distributed as dist
 
 from areal_ray.config import WeightsConfig
+from areal_ray.train.probe import model_probe
 from areal_ray.weights.payloads import AdapterMeta, WeightPayload
 from areal_ray.weights.senders import (  # noqa: F401 - push_stats re-exported
     AUTO_PATHS,
@@ -26,9 +27,11 @@ from areal_ray.weights.senders import (  # noqa: F401 - push_stats re-exported
 
 class WeightPusher:
     def __init__(self, cfg: WeightsConfig, driver, rank: int, weights_dir: str, owner: str = "",
-                 adapter: AdapterMeta | None = None):
-        """`adapter`: a LoRA run's meta; every push then carries only the adapter."""
-        self.cfg, self.driver, self.rank = cfg, driver, rank
+                 adapter: AdapterMeta | None = None, probe: bool = False):
+        """`adapter`: a LoRA run's meta; every push then carries only the adapter.
+        `probe`: before each push, tell the driver the probe logprobs every replica must
+        reproduce (weights/probe.py)."""
+        self.cfg, self.driver, self.rank, self.probe = cfg, driver, rank, probe
         self.node_id = ray.get_runtime_context().get_node_id()
         ctx = self.ctx = SenderContext(cfg, driver, rank, Path(weights_dir), owner, adapter)
         paths = AUTO_PATHS if cfg.path == "auto" else (cfg.path,)
@@ -45,11 +48,18 @@ class WeightPusher:
         """All ranks: returns (full weights on rank 0 / {} elsewhere, stats on rank 0).
         Every rank must run the same gather, so rank 0's choice of path is broadcast."""
         t0 = time.perf_counter()
+        probe_s = None
+        if self.probe:  # every rank: the forward gathers each layer's shards
+            ids, logprobs = model_probe(model)
+            probe_s = time.perf_counter() - t0
+            if self.rank == 0:  # registered before any replica can ack this version
+                ray.get(self.driver.expect_probe.remote(version, ids, logprobs))
         sender = self.senders[self._agree(self.choose_path() if self.rank == 0 else "")]
         if self.rank != 0:
             sender.follow(model)
             return {}, {}
-        return sender.push(model, version, t0)
+        weights, stats = sender.push(model, version, t0)
+        return weights, {**stats, "probe_trainer_s": probe_s} if self.probe else stats
 
     def gather(self, model) -> dict:
         """All ranks: what a push would send (the model, or the adapter), whole on the CPU."""

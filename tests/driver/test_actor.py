@@ -172,3 +172,29 @@ def test_a_replica_registering_during_a_broadcast_does_not_hold_up_its_acks(ray_
     assert ray.get(d.replicas.remote())["late"] == serial  # counted as having loaded it
     ray.get(d.ack.remote("a", serial))
     assert ray.get(d.end_push.remote(1, serial), timeout=10)["dropped"] == []
+
+
+def test_a_push_whose_load_probe_disagrees_with_the_trainers_fails_naming_the_replica(ray_cluster):
+    """weights/probe.py through the actor: the trainer's expected probe, a replica's ack
+    carrying its own; a replica still computing with the previous version fails the push."""
+    import pytest
+
+    from areal_ray.weights.probe import ProbeMismatch
+    d = Driver.remote(eta=1, batch_groups=1, push_timeout_s=10.0, probe_atol=1e-5)
+    ray.get(d.register_replica.remote("a"))
+    ray.get(d.ack.remote("a", 0))  # the model on disk: nothing expected, nothing checked
+    ids, v1, v2 = [3, 4, 5], [-1.0, -2.0], [-1.0, -2.5]
+
+    def push(version, expected, replica_probe):
+        ray.get(d.expect_probe.remote(version, ids, expected))
+        pushed = d.push_weights.remote(version, ObjectStorePayload(ray.put({"w": version})))
+        serial, got, _ = ray.get(d.wait_for_weights.remote("a", version - 1, 5.0))
+        assert got == version
+        ray.get(d.ack.remote("a", serial, 0.1, (ids, replica_probe)))
+        return ray.get(pushed, timeout=10)
+
+    rec = push(1, v1, v1)
+    assert (rec["probe_max_diff"], rec["probe_signal"]) == (0.0, None)
+    with pytest.raises(ProbeMismatch, match=r"replica a does not serve v2: .* up to 0.5 "
+                                            r"\(tolerance 1e-05\).* one step moved them by 0.5"):
+        push(2, v2, v1)  # acked, but still computing v1's logprobs

@@ -106,3 +106,42 @@ def test_a_dead_replica_is_dropped_and_a_restarted_one_catches_up(rollout, embed
     _, stats = pusher.push(model, 3)  # a new group of the live replicas
     assert stats["push_path"] == "collective" and stats["replicas"] == 2
     assert set(replica_digests(handle, 2).values()) == {(3, digest(model.state_dict()))}
+
+
+def test_the_load_probe_passes_real_pushes_and_fails_one_that_changed_nothing(
+        ray_cluster, embedded_model, tmp_path):
+    """weights/probe.py end to end: a real replica (Serve app, hf engine) scores the probe
+    after each load and acks it to a real driver. Pushes through the trainer's pusher
+    match bit for bit; a publication that carries the previous weights while the trainer
+    expects new ones (the replica loads, acks, and still computes the old version) fails
+    the push naming the replica and the version."""
+    from areal_ray.train.probe import model_probe
+    from areal_ray.weights.probe import ProbeMismatch
+    tag = uuid.uuid4().hex[:6]
+    driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=15.0,
+                                                     probe_atol=1e-5)
+    serve.start(proxy_location="Disabled")
+    cfg = load_config(None, ["rollout.min_replicas=1", "rollout.max_replicas=1",
+                             "rollout.num_cpus=0.5"])
+    app = f"probe-{tag}"
+    handle = serve.run(build_app(cfg, embedded_model, f"drv-{tag}",
+                                 ray.get_runtime_context().namespace), name=app, route_prefix=None)
+    try:
+        replica_digests(handle, 1)  # registered and serving
+        model = AutoModelForCausalLM.from_pretrained(embedded_model)
+        weights = str(tmp_path / "weights")
+        pusher = WeightPusher(WeightsConfig(path="object_store"), driver, 0, weights, probe=True)
+        perturb(model, 1)
+        _, stats = pusher.push(model, 1)
+        assert stats["probe_max_diff"] == 0.0 and stats["probe_trainer_s"] > 0
+        stale = {k: v.clone() for k, v in model.state_dict().items()}
+        perturb(model, 2)
+        ray.get(driver.expect_probe.remote(2, *model_probe(model)))  # the trainer's v2 ...
+        silent = WeightPusher(WeightsConfig(path="object_store"), driver, 0, weights)
+        model.load_state_dict(stale)  # ... but the publication carries v1's weights
+        with pytest.raises(ProbeMismatch, match=r"replica .* does not serve v2: its probe "
+                                                r"logprobs differ .* one step moved them"):
+            silent.push(model, 2)
+    finally:
+        serve.delete(app)
+        ray.kill(driver)

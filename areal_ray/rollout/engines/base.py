@@ -93,6 +93,9 @@ class EngineOptions:
     # sglang must be built for that (sleep mode, memory saver).
     release_memory: bool = False
     owner: str = ""  # the job's tag: names the weight files an engine loads from
+    # model.lora.rank when adapters are pushed (0: none). vLLM reserves its LoRA slots
+    # at construction; HFEngine merges any adapter into its weights and needs nothing.
+    lora_rank: int = 0
 
 
 class InferenceEngine(ABC):
@@ -105,6 +108,10 @@ class InferenceEngine(ABC):
     # Whether `update_weights_from_buckets` streams a broadcast into the engine without
     # holding a whole received copy of the model.
     streams_buckets: bool = False
+    # The load probe's ids (weights/probe.py), set by the replica when the run probes:
+    # an engine whose `score` would queue behind the requests a push resubmits scores
+    # them inside each swap instead, while nothing else runs (VLLMEngine).
+    probe_ids: list[int] | None = None
 
     @classmethod
     @abstractmethod
@@ -145,6 +152,11 @@ class InferenceEngine(ABC):
         the adapted modules' weights become base + (B @ A) * scaling, always from the base
         weights the engine loaded, never on top of the previous adapter."""
         raise NotImplementedError(f"{type(self).__name__} cannot apply a LoRA adapter")
+
+    async def score(self, ids: list[int]) -> list[float]:
+        """log p(ids[i] | ids[:i]) for i >= 1 under the weights served now, at temperature
+        1: the load probe (weights/probe.py) after every push."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score a probe")
 
     async def release_memory(self) -> None:
         """pause("abort"), keep admission closed, free the engine's GPU memory (KV cache,

