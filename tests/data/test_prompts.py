@@ -143,6 +143,17 @@ def test_embedded_chain_lengths_follow_chain_p_stop(p_stop):
     assert max(steps) <= 32
 
 
+def test_task_embedded_picks_the_chain_task_with_its_verifier_and_lengths():
+    task = load_config("conf/longtail.yaml", ["task.n_eval=20", "task.chain_max_steps=12"]).task
+    train, held_out = train_rows(task, 300), eval_rows(task)
+    for row in train + held_out:
+        assert row["verifier"] == "chain" and row["uid"].startswith("chain_arith-")
+        assert int(row["answer"]) == eval(row["prompt"][:-1])  # noqa: S307
+        assert 1 <= row["n_steps"] <= 12
+    assert max(r["n_steps"] for r in train) == 12 and len(held_out) == 20
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+
+
 def test_task_embedded_picks_the_tool_task_for_train_and_eval():
     task = load_config("conf/tools.yaml", ["task.n_eval=20"]).task
     train, held_out = train_rows(task, 50), eval_rows(task)
