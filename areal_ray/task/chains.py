@@ -48,16 +48,36 @@ def draw_steps(rng: random.Random, median: float = MEDIAN_STEPS, sigma: float = 
 
 
 def make_problem(rng: random.Random, median: float = MEDIAN_STEPS, sigma: float = SIGMA,
-                 max_steps: int = MAX_STEPS, p_direct: float = 0.0) -> ArithProblem:
-    """One chain of `draw_steps` steps; a bare boxed answer with probability p_direct."""
-    return make_chain(rng, draw_steps(rng, median, sigma, max_steps), p_direct)
+                 max_steps: int = MAX_STEPS, p_direct: float = 0.0, p_quit: float = 0.0) -> ArithProblem:
+    """One chain of `draw_steps` steps; a bare boxed answer with probability p_direct,
+    else, with probability p_quit, a solution that quits early (`quit_early`)."""
+    p = make_chain(rng, draw_steps(rng, median, sigma, max_steps), p_direct)
+    if p_quit and rng.random() < p_quit:
+        p = quit_early(p, rng)
+    return p
+
+
+def quit_early(p: ArithProblem, rng: random.Random) -> ArithProblem:
+    """The worked solution cut after k < n_steps steps (k uniform), boxing the running
+    total there: the lazy reasoner of the warm start's second phase, which stops
+    working before the chain ends and is wrong for it. A one-step chain, or a bare
+    answer, is left whole."""
+    head = p.solution.split(".\\boxed")[0]
+    steps = head.split(",")
+    if p.n_steps < 2 or len(steps) != p.n_steps:
+        return p
+    k = rng.randint(1, p.n_steps - 1)
+    total = steps[k - 1].split("=")[1]
+    return ArithProblem(prompt=p.prompt, solution=",".join(steps[:k]) + ".\\boxed{" + total + "}",
+                        answer=p.answer, n_steps=p.n_steps)
 
 
 def make_split(seed: int, n: int, median: float = MEDIAN_STEPS, sigma: float = SIGMA,
-               max_steps: int = MAX_STEPS, p_direct: float = 0.0) -> list[ArithProblem]:
+               max_steps: int = MAX_STEPS, p_direct: float = 0.0,
+               p_quit: float = 0.0) -> list[ArithProblem]:
     check_params(median, sigma, max_steps)
     rng = random.Random(seed)
-    return [make_problem(rng, median, sigma, max_steps, p_direct) for _ in range(n)]
+    return [make_problem(rng, median, sigma, max_steps, p_direct, p_quit) for _ in range(n)]
 
 
 def check_params(median: float, sigma: float, max_steps: int) -> None:

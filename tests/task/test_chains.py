@@ -102,3 +102,20 @@ def test_the_chain_verifier_is_built_in_and_says_why():
     assert reg.check("chain", "\\boxed{16}", "16") == (1.0, "checked")
     assert reg.check("chain", "\\boxed{15}", "16") == (0.0, "checked")
     assert reg.check("chain", "so \\boxed{16}", "16") == (0.0, "malformed")
+
+
+def test_quitting_early_cuts_the_work_and_boxes_the_running_total():
+    rng = random.Random(0)
+    for p in chains.make_split(seed=11, n=200):
+        q = chains.quit_early(p, rng)
+        assert (q.prompt, q.answer, q.n_steps) == (p.prompt, p.answer, p.n_steps)
+        if p.n_steps == 1:
+            assert q == p  # nothing to quit
+            continue
+        steps = q.solution.split(".\\boxed")[0].split(",")
+        assert 1 <= len(steps) < p.n_steps and p.solution.startswith(q.solution.split(".\\boxed")[0])
+        assert q.solution.endswith("\\boxed{" + steps[-1].split("=")[1] + "}")
+    # the running total is wrong unless the chain happens to return to it
+    lazy = chains.make_split(seed=12, n=500, p_quit=1.0)
+    assert sum(chains.grade(p.solution, p.answer) for p in lazy if p.n_steps > 1) < 0.15 * len(lazy)
+    assert chains.make_split(seed=12, n=50, p_quit=0.0) == chains.make_split(seed=12, n=50)

@@ -39,7 +39,7 @@ def test_the_tool_spec_differs_only_in_its_warm_start():
 def test_the_chain_spec_starts_from_the_quickstart_model_with_room_for_the_tail():
     spec = tiny_model.ChainModelSpec()
     assert spec.task == "chain_arith" and spec.init_from == "artifacts/tiny"
-    assert spec.habit_max_steps == 0  # no bare-answer habit: it would cut the tail
+    assert spec.habit_max_steps > 0 and spec.sft_p_direct == 0  # phase 2 only: quitting early
     longest = 2 + 2 * spec.max_steps_per_problem + 1 + spec.eval_max_new_tokens
     assert spec.max_position_embeddings >= longest
 
