@@ -40,7 +40,7 @@ def test_a_verifier_of_reward_checkers_is_a_row_only_where_it_is_known(tmp_path)
     (reward.checkers, areal_ray/reward/registry.py); without them it is an error."""
     p = write(tmp_path, [{"prompt": "x", "answer": "3", "verifier": "length"}])
     cfg = load_config(None, [f"task.train_path={p}", f"task.eval_path={p}"])
-    with pytest.raises(DatasetError, match=r"verifier 'length' is not one of \('math', 'code'\) "
+    with pytest.raises(DatasetError, match=r"verifier 'length' is not one of \('math', 'code', 'chain'\) "
                                            r"\(reward.checkers adds more\)"):
         eval_rows(cfg.task)
     names = ("code", "length", "math")
