@@ -1,10 +1,12 @@
-"""TRL's GRPOTrainer on our quickstart, for `benchmarks/bench_peers.py` (run in its own process).
+"""TRL's GRPOTrainer on our quickstart (or any embedded-task config, e.g. conf/longtail.yaml),
+for `benchmarks/bench_peers.py` (run in its own process).
 
     PYTHONPATH=.peers/site python -m benchmarks.peer_trl seed=0 steps=40 out=runs/peers/trl-0
 
 The settings are the quickstart's (conf/quickstart.yaml): the same model, the same
 prompts in the same order (`train_rows`, `shuffle_dataset=False`), the same prompt
-text (plain strings: no chat template), the same reward function, 8 prompts x 8
+text (plain strings: no chat template), the same reward function (each row's verifier,
+by our checker registry: `math` for the quickstart, `chain` for conf/longtail.yaml), 8 prompts x 8
 completions per optimizer step, AdamW at a constant lr with betas (0.9, 0.95), grad
 clip 1.0, clip eps 0.2, no KL (no reference model is loaded), token-mean loss over the
 batch ("dapo", as ours), group-normalised advantages, the full sampling distribution
@@ -47,7 +49,7 @@ def run(c: PeerTRLConfig) -> dict:
 
     from areal_ray.config import load_config
     from areal_ray.data.prompts import train_rows
-    from areal_ray.reward.math import math_reward
+    from areal_ray.reward.registry import CheckerRegistry
     from areal_ray.run.job import resolve_model
     from areal_ray.task.tokenizer import load_tokenizer
 
@@ -57,12 +59,15 @@ def run(c: PeerTRLConfig) -> dict:
     path = resolve_model(cfg.model.path)
     out = Path(c.out)
     rows = train_rows(cfg.task, c.steps * B)
-    ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"], "verifier": r["verifier"]}
+                            for r in rows])
     tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
-    def reward(prompts, completions, answer, **kwargs):
-        return [math_reward(c_, a) for c_, a in zip(completions, answer)]
+    checkers = CheckerRegistry(dict(cfg.reward.checkers))
+
+    def reward(prompts, completions, answer, verifier, **kwargs):
+        return [_score(checkers.check(v, c_, a)) for c_, a, v in zip(completions, answer, verifier)]
 
     steps, saved = [], []
     t_start = [0.0]
@@ -111,6 +116,11 @@ def run(c: PeerTRLConfig) -> dict:
               "steps": steps, "models": saved}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _score(result) -> float:
+    """A checker's reward: it returns (reward, reason) or a bare reward."""
+    return float(result[0] if isinstance(result, tuple) else result)
 
 
 def main(argv: list[str] | None = None) -> int:

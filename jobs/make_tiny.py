@@ -2,9 +2,11 @@
 
     python -m jobs.make_tiny [out=artifacts/tiny] [sft_steps=...] [hidden_size=...]
     python -m jobs.make_tiny task=tool_arith out=artifacts/tiny-tools
+    python -m jobs.make_tiny task=chain_arith out=artifacts/tiny-chains
 
 `task` picks the warm start and its defaults (tiny_model.SPECS: `arith`, the
-quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml); every other
+quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml; `chain_arith`,
+the long-chain model of conf/longtail.yaml, which starts from artifacts/tiny); every other
 key is a field of that spec.
 
 The result is deterministic for a given spec and seed, and small enough to commit,
@@ -19,6 +21,9 @@ from dataclasses import fields
 from omegaconf import OmegaConf
 
 from areal_ray.task.tiny_model import SPECS, build_tiny
+
+DEFAULT_OUT = {"arith": "artifacts/tiny", "tool_arith": "artifacts/tiny-tools",
+               "chain_arith": "artifacts/tiny-chains"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__ + f"\nkeys (task={task}'s spec, {SPECS[task].__name__}) and their defaults:")
         print("\n".join(f"  {f.name} = {f.default!r}" for f in fields(SPECS[task])))
         return 0
-    out = out or ("artifacts/tiny" if task == "arith" else "artifacts/tiny-tools")
+    out = out or DEFAULT_OUT[task]
     spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SPECS[task]),
                                                OmegaConf.from_dotlist(rest)))
     meta = build_tiny(out, spec)

@@ -59,6 +59,9 @@ CHECKS = [
     (["task.shuffle_window=0"], "task.shuffle_window must be >= 1"),
     (["task.chain_p_stop=0"], r"task.chain_p_stop must be in \(0, 1\]"),
     (["task.chain_p_stop=1.5"], r"task.chain_p_stop must be in \(0, 1\]"),
+    (["task.chain_median_steps=0.5"], "task.chain_median_steps must be >= 1"),
+    (["task.chain_sigma=-1"], "task.chain_sigma must be >= 0"),
+    (["task.chain_max_steps=0"], "task.chain_max_steps must be >= 1"),
     (["task.answer_field=''"], "task.answer_field must name"),
     (["task.embedded=tool_arith", "task.train_path=a.jsonl", "task.eval_path=b.jsonl"],
      "task.embedded=tool_arith is used only where task.train_path or task.eval_path is empty"),
@@ -143,7 +146,7 @@ CHOICES = [
     ("algo.optim.lr_schedule", "step", "constant, linear, cosine"),
     ("weights.path", "ftp", "auto, collective, shm, object_store, disk"),
     ("weights.backend", "mpi", "gloo, nccl"),
-    ("task.embedded", "chess", "arith, tool_arith"),
+    ("task.embedded", "chess", "arith, tool_arith, chain_arith"),
     ("train.master_dtype", "fp32", "'', 'float32', 'bfloat16', 'float16'"),
 ]
 

@@ -85,6 +85,7 @@ class LrSchedule(Choice):
 class EmbeddedTask(Choice):
     arith = "arith"  # chains of small sums, worked or direct (areal_ray/task/arith.py)
     tool_arith = "tool_arith"  # large sums with a calculator tool (areal_ray/task/tool_arith.py)
+    chain_arith = "chain_arith"  # long worked chains, long-tailed lengths (areal_ray/task/chains.py)
 
 
 class WeightPath(Choice):

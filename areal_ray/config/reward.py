@@ -17,7 +17,7 @@ class SandboxMode(Choice):
 
 @dataclass(kw_only=True)
 class RewardConfig:
-    checkers: dict = opt({}, "extra reward checkers: verifier name (a row's `verifier` field) -> dotted path of a checker class; math and code are built in")
+    checkers: dict = opt({}, "extra reward checkers: verifier name (a row's `verifier` field) -> dotted path of a checker class; math, code and chain are built in")
     min_actors: int = opt(1, "reward actor pool: fewest actors (Ray Data autoscaling)")
     max_actors: int = opt(2, "reward actor pool: most actors")
     scale_down: bool = opt(False, "let Ray Data retire idle reward actors mid-run (off: bursty load makes it churn)")

@@ -1,4 +1,4 @@
-"""Prompt datasets: an embedded task (`task.embedded`: arith, tool_arith), or dataset
+"""Prompt datasets: an embedded task (`task.embedded`: arith, tool_arith, chain_arith), or dataset
 files on disk (sources.py).
 
 A row is `{"uid", "prompt", "verifier", ...}`: a `math` row has an `answer`, a `code`
@@ -24,10 +24,10 @@ from areal_ray.config import ConfigError
 from areal_ray.data.sources import DatasetError, iter_rows, read_rows
 from areal_ray.reward.code import check_tests
 from areal_ray.reward.registry import BUILTIN
-from areal_ray.task import arith, tool_arith
+from areal_ray.task import arith, chains, tool_arith
 
 EMBEDDED_TRAIN_SEED, EMBEDDED_EVAL_SEED = 1_000, 2_000_000
-BUILT_IN = tuple(BUILTIN)  # math, code; a run's reward.checkers add more
+BUILT_IN = tuple(BUILTIN)  # math, code, chain; a run's reward.checkers add more
 
 __all__ = ["DatasetError", "Fields", "check_row", "read_prompts", "train_stream", "train_rows", "eval_rows"]
 
@@ -125,6 +125,10 @@ def embedded_rows(seed: int, n: int, task) -> list[dict]:
     """`n` rows of the embedded task `task.embedded` from `seed` (train and eval seeds differ)."""
     if task.embedded == "tool_arith":
         split = tool_arith.make_split(seed, n)
+    elif task.embedded == "chain_arith":
+        split = chains.make_split(seed, n, task.chain_median_steps, task.chain_sigma,
+                                  task.chain_max_steps)
+        return [chains.to_row(p, f"{task.embedded}-{seed}-{i}") for i, p in enumerate(split)]
     else:
         split = arith.make_split(seed, n, task.max_steps_per_problem, p_stop=task.chain_p_stop)
     return [p.to_row(f"{task.embedded}-{seed}-{i}") for i, p in enumerate(split)]

@@ -1,7 +1,8 @@
 """Reward checkers by verifier name: a row's `verifier` picks the checker of its samples.
 
 A checker is a class with `check(text, answer, opts) -> (reward, reason)` (a bare
-reward reads as reason "checked"), built without arguments. `math` and `code` are
+reward reads as reason "checked"), built without arguments. `math`, `code` and
+`chain` (the embedded long-chain task's strict final-answer grade, task/chains.py) are
 built in; `reward.checkers` (name -> dotted path) adds names, or replaces a built-in
 one. Checkers are imported and built where they run, in the reward actor's checker
 process (`pool.py`), on first use and once per process: math-verify's import costs
@@ -18,7 +19,8 @@ from areal_ray.plugins import PluginError, import_class
 
 KEY = "reward.checkers"
 BUILTIN = {"math": "areal_ray.reward.math.MathChecker",
-           "code": "areal_ray.reward.code.CodeChecker"}
+           "code": "areal_ray.reward.code.CodeChecker",
+           "chain": "areal_ray.task.chains.ChainChecker"}  # the long-chain task's strict grade
 
 
 @runtime_checkable

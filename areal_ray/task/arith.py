@@ -55,6 +55,12 @@ def make_problem(rng: random.Random, max_steps: int = 8, p_stop: float = 0.35,
     n_steps = 1
     while n_steps < max_steps and rng.random() > p_stop:
         n_steps += 1
+    return make_chain(rng, n_steps, p_direct)
+
+
+def make_chain(rng: random.Random, n_steps: int, p_direct: float = 0.0) -> ArithProblem:
+    """A chain of exactly `n_steps` steps (the draws after the step count: the chain
+    task, areal_ray/task/chains.py, picks its own count and shares the rest)."""
     total = rng.randint(0, 99)
     expr = str(total)
     parts = []

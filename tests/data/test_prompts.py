@@ -40,7 +40,7 @@ def test_a_verifier_of_reward_checkers_is_a_row_only_where_it_is_known(tmp_path)
     (reward.checkers, areal_ray/reward/registry.py); without them it is an error."""
     p = write(tmp_path, [{"prompt": "x", "answer": "3", "verifier": "length"}])
     cfg = load_config(None, [f"task.train_path={p}", f"task.eval_path={p}"])
-    with pytest.raises(DatasetError, match=r"verifier 'length' is not one of \('math', 'code'\) "
+    with pytest.raises(DatasetError, match=r"verifier 'length' is not one of \('math', 'code', 'chain'\) "
                                            r"\(reward.checkers adds more\)"):
         eval_rows(cfg.task)
     names = ("code", "length", "math")
@@ -141,6 +141,17 @@ def test_embedded_chain_lengths_follow_chain_p_stop(p_stop):
     # 1 + Geometric(p): mean 1/p, capped at 32
     assert sum(steps) / len(steps) == pytest.approx(1 / p_stop, rel=0.15)
     assert max(steps) <= 32
+
+
+def test_task_embedded_picks_the_chain_task_with_its_verifier_and_lengths():
+    task = load_config("conf/longtail.yaml", ["task.n_eval=20", "task.chain_max_steps=12"]).task
+    train, held_out = train_rows(task, 300), eval_rows(task)
+    for row in train + held_out:
+        assert row["verifier"] == "chain" and row["uid"].startswith("chain_arith-")
+        assert int(row["answer"]) == eval(row["prompt"][:-1])  # noqa: S307
+        assert 1 <= row["n_steps"] <= 12
+    assert max(r["n_steps"] for r in train) == 12 and len(held_out) == 20
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
 
 
 def test_task_embedded_picks_the_tool_task_for_train_and_eval():

@@ -32,7 +32,7 @@ class Uncallable:
 
 def test_builtins_grade_math_and_code():
     reg = CheckerRegistry()
-    assert reg.names == ("code", "math") and set(BUILTIN) == {"math", "code"}
+    assert reg.names == ("chain", "code", "math") and set(BUILTIN) == {"math", "code", "chain"}
     assert reg.check("math", "so \\boxed{4}", "4") == (1.0, "checked")
     assert reg.check("math", "\\boxed{5}", "4") == (0.0, "checked")
     tests = json.dumps([{"input": "", "output": "7"}])
@@ -43,7 +43,7 @@ def test_builtins_grade_math_and_code():
 
 def test_an_extra_checker_by_dotted_path_is_built_once():
     reg = CheckerRegistry({"length": f"{HERE}.LengthChecker"})
-    assert reg.names == ("code", "length", "math")
+    assert reg.names == ("chain", "code", "length", "math")
     assert reg.check("length", "abc", "3") == (1.0, "length 3")
     assert reg.get("length") is reg.get("length")
     assert check("length", "ab", "3", None, {"length": f"{HERE}.LengthChecker"}) == (0.0, "length 2")
@@ -54,7 +54,7 @@ def test_an_extra_checker_may_replace_a_builtin():
 
 
 def test_an_unknown_verifier_fails_naming_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown verifier 'llm': the checkers are code, math "
+    with pytest.raises(ValueError, match=r"unknown verifier 'llm': the checkers are chain, code, math "
                                          r"\(add one under reward.checkers\)"):
         check("llm", "x", "1")
 
@@ -97,7 +97,7 @@ def test_a_bad_checker_fails_before_ray_naming_the_key(checkers, message):
 
 def test_the_job_check_covers_checkers_and_gives_the_verifier_names():
     cfg = load_config(None, [f"reward.checkers={{length: {HERE}.LengthChecker}}"])
-    assert check_plugins(cfg) == ("code", "length", "math") == verifier_names(cfg.reward.checkers)
+    assert check_plugins(cfg) == ("chain", "code", "length", "math") == verifier_names(cfg.reward.checkers)
     cfg.reward.checkers = {"length": "nowhere.X"}
     with pytest.raises(PluginError, match="reward.checkers.length 'nowhere.X'"):
         check_plugins(cfg)
