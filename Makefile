@@ -48,10 +48,17 @@ longtail: venv  ## the long-tailed workload: long arithmetic chains worked step 
 lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast run it first
 	$(VENV)/bin/ruff check .
 
-test: lint  ## the whole suite, on a local Ray cluster the session starts; then the contract tier
+# Two pytest workers, each with its own local Ray cluster, each taking whole modules: a
+# training job leaves ~a third of the 2 cores idle (its ~20 processes wait on each
+# other), so two at a time finish the e2e tier sooner (TEST_WORKERS=0: one process).
+# The contract tier (its own interpreter path) runs beside them; its output follows.
+TEST_WORKERS ?= 2
+test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
 	$(call ISOLATION_NOTE,without it tests that run code fail closed)
-	$(PY) -m pytest -q tests --ignore=tests/contract --durations=25 $(ARGS)
-	$(MAKE) test-contract
+	@( $(MAKE) --no-print-directory test-contract > .contract/test.log 2>&1; echo $$? > .contract/test.rc ) & \
+	$(PY) -m pytest -q tests --ignore=tests/contract -n $(TEST_WORKERS) --dist loadscope --durations=25 $(ARGS); \
+	rc=$$?; wait; echo "--- the contract tier (make test-contract):"; cat .contract/test.log; \
+	[ $$rc -eq 0 ] && [ "$$(cat .contract/test.rc)" = 0 ]
 
 $(CONTRACT)/.installed: tests/contract/requirements.txt $(VENV)/.installed
 	rm -rf $(CONTRACT)

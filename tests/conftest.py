@@ -38,6 +38,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.engine)
         else:
             item.add_marker(pytest.mark.unit)
+    if getattr(config.option, "numprocesses", None):
+        # Split over workers (pytest-xdist, whole modules each: `--dist loadscope`), the
+        # suite ends when its last module does; handed out first, the long e2e modules
+        # are spread over the workers and the many short unit modules fill in after.
+        rank = {"e2e": 0, "ray": 1, "engine": 2, "unit": 3}
+        items.sort(key=lambda item: min(rank[m.name] for m in item.iter_markers() if m.name in rank))
 
 
 @pytest.fixture(scope="session")

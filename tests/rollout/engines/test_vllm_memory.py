@@ -35,7 +35,10 @@ class StrictAsyncLLM:
         self.loaded: list[str] = []  # digest of each file loaded
         self.loading = False  # vLLM's engine core runs one such call at a time
 
-    async def generate(self, prompt, sampling_params, request_id):
+    async def generate(self, prompt, sampling_params, request_id, *, prompt_text=None,
+                       lora_request=None):
+        # AsyncLLM.generate's keyword (vllm/v1/engine/async_llm.py); only LoRA runs set it
+        assert lora_request is None, "no adapter was loaded into this engine"
         if self.sleeping:
             raise AssertionError("generate while asleep: vLLM would hold it unserved")
         aborted = self.running[request_id] = asyncio.Event()
