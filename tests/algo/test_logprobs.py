@@ -5,7 +5,12 @@ output projection swapped only for the duration of one forward."""
 import pytest
 import torch
 
-from areal_ray.algo.logprobs import chunked_logprobs, logprob_head, token_logprobs
+from areal_ray.algo.logprobs import (
+    chunked_logprobs,
+    logprob_head,
+    shared_model_logprobs,
+    token_logprobs,
+)
 from areal_ray.train.memory import saved_storages
 
 
@@ -69,6 +74,28 @@ def test_token_logprobs_match_the_models_own_logits(random_model_dir):
     head = model.get_output_embeddings()
     assert "forward" not in head.__dict__  # restored
     assert model(input_ids=ids).logits.shape[-1] == vocab
+
+
+def test_shared_model_logprobs_equal_the_trainers_and_leave_the_model_as_others_see_it(random_model_dir):
+    """An engine scores its load probe beside its scheduler's forwards: the scheduler's
+    forward, run while the probe is mid-forward (here from a hook, as another thread
+    would), must still get the model's own vocabulary logits, and the probe the
+    trainer's bits."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    ids = torch.tensor([[3, 5, 7, 9, 11], [4, 6, 8, 10, 12]])
+    seen, busy = [], []
+
+    def scheduler_forward(module, args, kwargs):
+        if not busy:
+            busy.append(True)
+            seen.append(model(input_ids=ids[:1, :2], logits_to_keep=1).logits.shape)
+    model.get_decoder().register_forward_pre_hook(scheduler_forward, with_kwargs=True)
+    with torch.no_grad():
+        got = shared_model_logprobs(model, ids)
+    assert seen == [torch.Size([1, 1, model.config.vocab_size])]
+    with torch.no_grad():
+        assert torch.equal(got, token_logprobs(model, ids, torch.ones_like(ids)))
 
 
 def test_the_head_is_restored_when_the_forward_fails_and_softcapping_is_refused(random_model_dir):
