@@ -48,11 +48,11 @@ longtail: venv  ## the long-tailed workload: long arithmetic chains worked step 
 lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast run it first
 	$(VENV)/bin/ruff check .
 
-# Two pytest workers, each with its own local Ray cluster, each taking whole modules: a
-# training job leaves ~a third of the 2 cores idle (its ~20 processes wait on each
-# other), so two at a time finish the e2e tier sooner (TEST_WORKERS=0: one process).
-# The contract tier (its own interpreter path) runs beside them; its output follows.
-TEST_WORKERS ?= 2
+# One pytest process by default: two xdist workers (TEST_WORKERS=2, whole modules each)
+# were measured slower on 2 cores, 48 min against 36 (every e2e job's ~20 processes
+# then share the cores with another job's, and each test ran ~2-3x longer).
+# The contract tier (its own interpreter path) runs beside it; its output follows.
+TEST_WORKERS ?= 0
 test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
 	$(call ISOLATION_NOTE,without it tests that run code fail closed)
 	@( $(MAKE) --no-print-directory test-contract > .contract/test.log 2>&1; echo $$? > .contract/test.rc ) & \
