@@ -28,7 +28,6 @@ for both objectives), a markdown table, and prints one summary line.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import platform
 import sys
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_ray.config import Config, ConfigError, opt, to_dict, validate
-from jobs.cli import bench_main
+from jobs.cli import bench_main, write_report
 
 OBJECTIVES = ("decoupled", "ppo")
 # figures copied from each arm's summary.json into the report
@@ -223,10 +222,7 @@ def run_bench(c: BenchAsyncConfig, argv: list[str]) -> dict:
     report["png"] = str(plot(report, out.with_suffix(".png")))
     report["table_md"] = str(out.with_suffix(".md"))
     out.with_suffix(".md").write_text(table(report) + "\n")
-    report["summary"] = summary_line(report)
-    out.write_text(json.dumps(report, indent=2))
-    print(report["summary"] + f" -> {out}", flush=True)
-    return report
+    return write_report(report, out, summary_line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ Writes the JSON report, a markdown table next to it, and prints one summary line
 from __future__ import annotations
 
 import copy
-import json
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from areal_ray.config import Config, ConfigError, RolloutBackend, opt, to_dict, validate
 from benchmarks.bench_async import machine
-from jobs.cli import bench_main
+from jobs.cli import bench_main, distinct_choices, write_report
 
 BACKENDS = RolloutBackend.values()
 
@@ -45,9 +44,7 @@ class BenchBackendsConfig:
 
 
 def check(c: BenchBackendsConfig) -> BenchBackendsConfig:
-    backends = list(c.backends)
-    if not backends or any(b not in BACKENDS for b in backends) or len(set(backends)) != len(backends):
-        raise ConfigError(f"backends must be distinct names from {BACKENDS}, got {backends}")
+    distinct_choices("backends", c.backends, BACKENDS)
     if c.repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {c.repeats}")
     validate(c.base)
@@ -118,10 +115,7 @@ def run_bench(c: BenchBackendsConfig, argv: list[str]) -> dict:
               "backends": summarize(runs, list(c.backends))}
     out.with_suffix(".md").write_text(table(report) + "\n")
     report["table_md"] = str(out.with_suffix(".md"))
-    report["summary"] = summary_line(report)
-    out.write_text(json.dumps(report, indent=2))
-    print(report["summary"] + f" -> {out}", flush=True)
-    return report
+    return write_report(report, out, summary_line)
 
 
 def main(argv: list[str] | None = None) -> int:

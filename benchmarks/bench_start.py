@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 
 from areal_ray.config import Config, ConfigError, opt, to_dict, validate
 from benchmarks.bench_async import machine
-from jobs.cli import bench_main
+from jobs.cli import bench_main, distinct_choices, write_report
 
 MODES = ("local", "submit")
 REPO = Path(__file__).resolve().parents[1]
@@ -46,9 +46,7 @@ class BenchStartConfig:
 
 
 def check(c: BenchStartConfig) -> BenchStartConfig:
-    modes = list(c.modes)
-    if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
-        raise ConfigError(f"modes must be distinct names from {list(MODES)}, got {modes}")
+    distinct_choices("modes", c.modes, MODES)
     if not c.overlap or len(set(c.overlap)) != len(c.overlap):
         raise ConfigError(f"overlap must be distinct booleans, got {list(c.overlap)}")
     if c.repeats < 1:
@@ -138,10 +136,7 @@ def run_bench(c: BenchStartConfig, argv: list[str]) -> dict:
             head.stop()
     report = {"machine": machine(), "command": "python -m benchmarks.bench_start " + " ".join(argv),
               "base": to_dict(c.base), "repeats": c.repeats, "runs": runs, "arms": summarize(runs)}
-    report["summary"] = summary_line(report)
-    out.write_text(json.dumps(report, indent=2))
-    print(report["summary"] + f" -> {out}", flush=True)
-    return report
+    return write_report(report, out, summary_line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ values are errors naming the key, before any work starts.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def bench_main(argv: list[str] | None, prog: str, description: str, schema, chec
     Path(c.out).parent.mkdir(parents=True, exist_ok=True)
     run(c, argv)
     return 0
+
+
+def distinct_choices(key: str, values, allowed) -> list:
+    """`values` as a list if it is non-empty, each one of `allowed` and none twice (a
+    benchmark's arms), else a ConfigError naming `key`."""
+    values, allowed = list(values), list(allowed)
+    if not values or any(v not in allowed for v in values) or len(set(values)) != len(values):
+        raise ConfigError(f"{key} must be distinct names from {allowed}, got {values}")
+    return values
+
+
+def write_report(report: dict, out: Path, summary_line) -> dict:
+    """A benchmark's end: its one-line summary in the JSON report at `out`, and printed."""
+    report["summary"] = summary_line(report)
+    out.write_text(json.dumps(report, indent=2))
+    print(report["summary"] + f" -> {out}", flush=True)
+    return report
 
 
 def run_job(argv: list[str] | None, prog: str, description: str, fn) -> int:
