@@ -115,10 +115,7 @@ CHECKS = [
     (["model.lora.alpha=0"], "model.lora.alpha must be > 0"),
     (["model.lora.dropout=1"], r"model.lora.dropout must be in \[0, 1\)"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules must name at least one module"),
-    # LoRA pushes only the adapter: paths and engines that cannot carry one are refused
-    (["model.lora.enabled=true"], r"weights.path=auto does not carry yet.*shm, object_store \(auto may"),
-    (["model.lora.enabled=true", "weights.path=collective"], "weights.path=collective does not carry"),
-    (["model.lora.enabled=true", "weights.path=disk"], "weights.path=disk does not carry"),
+    # LoRA pushes only the adapter: engines that cannot apply one are refused
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=sglang"],
      r"rollout.backend=sglang cannot apply a pushed adapter.*rollout.backend=hf or vllm"),
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm", "model.lora.rank=513"],
@@ -161,7 +158,7 @@ def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
 
 def test_lora_is_off_by_default_and_accepted_on_the_paths_and_engines_that_carry_it():
     assert not load_config(None, []).model.lora.enabled
-    for path in ("shm", "object_store"):
+    for path in ("auto", "collective", "shm", "object_store", "disk"):
         for backend in ("hf", "vllm"):
             cfg = load_config(None, ["model.lora.enabled=true", f"weights.path={path}",
                                      f"rollout.backend={backend}", "model.lora.rank=4",

@@ -57,22 +57,16 @@ def check_across(cfg: Config) -> None:
             "(CUDA-only kernels)")
 
 
-# Weight paths that carry a LoRA adapter on its own (an `AdapterPayload` around the
-# path's own payload); the others would need their receivers taught the same.
-LORA_PATHS = ("shm", "object_store")
 LORA_BACKENDS = ("hf", "vllm")  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
 VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank (rollout/engines/vllm_lora.py)
 
 
 def check_lora(cfg: Config) -> None:
-    """With `model.lora.enabled`, pushes carry only the adapter: a path or an engine
-    that cannot is refused here rather than left to push full weights silently."""
+    """With `model.lora.enabled`, pushes carry only the adapter (every weight path
+    carries one, an `AdapterPayload` around its own payload): an engine that cannot
+    apply it is refused here rather than left to serve the wrong weights."""
     if not cfg.model.lora.enabled:
         return
-    require(cfg.weights.path in LORA_PATHS,
-            f"model.lora.enabled pushes only the adapter, which weights.path={cfg.weights.path} "
-            f"does not carry yet: set weights.path to one of {', '.join(LORA_PATHS)}"
-            + (" (auto may choose collective)" if cfg.weights.path == "auto" else ""))
     require(cfg.rollout.backend in LORA_BACKENDS,
             f"model.lora.enabled: rollout.backend={cfg.rollout.backend} cannot apply a pushed "
             f"adapter yet; use rollout.backend={' or '.join(LORA_BACKENDS)}")
