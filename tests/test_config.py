@@ -118,6 +118,8 @@ CHECKS = [
     # LoRA pushes only the adapter: engines that cannot apply one are refused
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=sglang"],
      r"rollout.backend=sglang cannot apply a pushed adapter.*rollout.backend=hf or vllm"),
+    (["model.lora.enabled=true", "rollout.lora_push=finish"],
+     r"rollout.lora_push=finish needs rollout.backend=vllm .* hf applies one adapter"),
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm", "model.lora.rank=513"],
      r"model.lora.rank=513: vLLM serves adapters of rank <= 512"),
 ]
@@ -134,6 +136,7 @@ CHOICES = [
     ("rollout.backend", "tgi", "hf, vllm, sglang"),
     ("rollout.batching", "dynamic", "continuous, static, invariant"),
     ("rollout.router", "round_robin", "least_tokens, pow2"),
+    ("rollout.lora_push", "abort", "pause, finish"),
     ("algo.adv.estimator", "magic", "grpo, dr_grpo, rloo, gae"),
     ("algo.adv.norm", "group", "none, batch"),
     ("algo.loss.name", "reinforce", "decoupled_ppo"),

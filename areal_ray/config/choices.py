@@ -43,6 +43,11 @@ class Batching(Choice):
     invariant = "invariant"  # every request its own cohort: bit-identical whatever else runs
 
 
+class LoraPush(Choice):
+    pause = "pause"
+    finish = "finish"
+
+
 class Router(Choice):
     least_tokens = "least_tokens"
     pow2 = "pow2"

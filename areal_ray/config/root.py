@@ -70,6 +70,10 @@ def check_lora(cfg: Config) -> None:
     require(cfg.rollout.backend in LORA_BACKENDS,
             f"model.lora.enabled: rollout.backend={cfg.rollout.backend} cannot apply a pushed "
             f"adapter yet; use rollout.backend={' or '.join(LORA_BACKENDS)}")
+    require(cfg.rollout.lora_push != "finish" or cfg.rollout.backend == "vllm",
+            f"rollout.lora_push=finish needs rollout.backend=vllm (one engine serving several "
+            f"adapters at once); {cfg.rollout.backend} applies one adapter to its weights: "
+            "rollout.lora_push=pause")
     require(cfg.rollout.backend != "vllm" or cfg.model.lora.rank <= VLLM_MAX_LORA_RANK,
             f"model.lora.rank={cfg.model.lora.rank}: vLLM serves adapters of rank <= "
             f"{VLLM_MAX_LORA_RANK} only")

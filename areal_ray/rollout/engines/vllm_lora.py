@@ -16,6 +16,16 @@ adapter, with no prefix-cache reset (reloading under one name in place would: vL
 #42125). A request records its adapter with its version at admission; an old id is
 unloaded once the last request admitted under it has ended (`AdapterSlots`).
 
+Running requests at a push (`rollout.lora_push`): "pause" treats them as a full push
+does (aborted and resumed under the new adapter, or waited for); "finish" lets them
+finish under the adapter they started with, the push closing the gate only while new
+requests move onto the new id (admission.py: `FINISH`). Adapters in use at once:
+requests admitted at version v are trained by step v + eta (data/staleness.py), so
+while one runs the engine serves at most version v + eta, and the next is added
+before its swap: eta + 2 slots (`lora_slots`), vLLM's `max_loras` (adapters in one
+batch) and `max_cpu_loras` (adapters held). Past that vLLM still serves every
+request, an evicted adapter reloaded from its directory, only slower.
+
 Adapters go to vLLM as a directory in peft's format (`adapter_config.json` +
 `adapter_model.safetensors`): `LoRARequest` names a path and vLLM's worker reads it
 with `PEFTHelper.from_local_dir` when the adapter is added (`AsyncLLM.add_lora`).
@@ -39,9 +49,15 @@ from areal_ray.weights.staging import staging_dir
 
 # vLLM's `LoRAConfig.max_lora_rank` takes only these (vllm/config/lora.py: MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# Adapters resident at once: the version being served and the next one, added before
-# the push's pause so its load happens while requests still run on the current one.
-MAX_LORAS = 2
+# Adapters resident at once when a push pauses running requests: the version being
+# served and the next one, added before the push's pause so its load happens while
+# requests still run on the current one. rollout.lora_push=finish needs eta + 2.
+PAUSED_PUSH_SLOTS = 2
+
+
+def lora_slots(eta: int, finish: bool) -> int:
+    """Adapters vLLM must hold at once (see the module docstring)."""
+    return eta + 2 if finish else PAUSED_PUSH_SLOTS
 
 
 def max_lora_rank(rank: int) -> int:
@@ -53,12 +69,13 @@ def max_lora_rank(rank: int) -> int:
                      f"({VLLM_LORA_RANKS[-1]})")
 
 
-def lora_engine_args(rank: int) -> dict:
-    """AsyncEngineArgs for serving adapters of `rank` (none when 0: LoRA off)."""
+def lora_engine_args(rank: int, slots: int = PAUSED_PUSH_SLOTS) -> dict:
+    """AsyncEngineArgs for serving adapters of `rank` (none when 0: LoRA off), `slots` of
+    them at once."""
     if rank <= 0:
         return {}
-    return dict(enable_lora=True, max_lora_rank=max_lora_rank(rank), max_loras=MAX_LORAS,
-                max_cpu_loras=MAX_LORAS)
+    return dict(enable_lora=True, max_lora_rank=max_lora_rank(rank), max_loras=slots,
+                max_cpu_loras=slots)
 
 
 def peft_adapter_config(adapter: Adapter) -> dict:
