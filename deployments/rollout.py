@@ -35,9 +35,9 @@ from ray.serve.config import RequestRouterConfig
 from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import Config
 from areal_ray.observe.metrics import ReplicaMetrics
+from areal_ray.rollout.engines.adapters import lora_slots
 from areal_ray.rollout.engines.base import FINISH, EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
-from areal_ray.rollout.engines.vllm_lora import lora_slots
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.weights.adapter import Adapter
@@ -70,7 +70,8 @@ class ServerOptions:
     run_name: str  # the `run` tag of this replica's dashboard metrics
     lora_rank: int = 0  # model.lora.rank when adapters are pushed, else 0
     lora_push: str = "pause"  # rollout.lora_push: what an adapter push does to running requests
-    lora_slots: int = 2  # adapters the engine holds at once (vllm_lora.lora_slots)
+    lora_slots: int = 2  # adapters the engine holds at once (adapters.lora_slots)
+    lora_targets: tuple[str, ...] = ()  # model.lora.target_modules
     probe: bool = False  # score the load probe after every push (weights/probe.py)
 
     @classmethod
@@ -87,6 +88,7 @@ class ServerOptions:
                    lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else 0,
                    lora_push=str(r.lora_push),
                    lora_slots=lora_slots(cfg.algo.eta, r.lora_push == FINISH),
+                   lora_targets=tuple(cfg.model.lora.target_modules),
                    probe=probe_enabled(cfg))
 
 
@@ -113,7 +115,8 @@ class RolloutServer:
             max_batch_size=opts.max_batch_size, dtype=opts.dtype, batching=opts.batching,
             threads=opts.torch_threads, engine_kwargs=dict(opts.engine_kwargs or {}),
             release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or "",
-            lora_rank=opts.lora_rank, lora_slots=opts.lora_slots))
+            lora_rank=opts.lora_rank, lora_slots=opts.lora_slots,
+            lora_targets=tuple(opts.lora_targets)))
         await self.engine.warmup()
         if opts.probe:  # scored after every load (weights/probe.py)
             self.engine.probe_ids = probe_ids(self.engine.limits.vocab_size)

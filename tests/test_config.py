@@ -116,10 +116,8 @@ CHECKS = [
     (["model.lora.dropout=1"], r"model.lora.dropout must be in \[0, 1\)"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules must name at least one module"),
     # LoRA pushes only the adapter: engines that cannot apply one are refused
-    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=sglang"],
-     r"rollout.backend=sglang cannot apply a pushed adapter.*rollout.backend=hf or vllm"),
     (["model.lora.enabled=true", "rollout.lora_push=finish"],
-     r"rollout.lora_push=finish needs rollout.backend=vllm .* hf applies one adapter"),
+     r"rollout.lora_push=finish needs rollout.backend=vllm or sglang .* hf applies one adapter"),
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm", "model.lora.rank=513"],
      r"model.lora.rank=513: vLLM serves adapters of rank <= 512"),
 ]
@@ -162,7 +160,7 @@ def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
 def test_lora_is_off_by_default_and_accepted_on_the_paths_and_engines_that_carry_it():
     assert not load_config(None, []).model.lora.enabled
     for path in ("auto", "collective", "shm", "object_store", "disk"):
-        for backend in ("hf", "vllm"):
+        for backend in ("hf", "vllm", "sglang"):
             cfg = load_config(None, ["model.lora.enabled=true", f"weights.path={path}",
                                      f"rollout.backend={backend}", "model.lora.rank=4",
                                      "model.lora.alpha=8"])

@@ -57,7 +57,8 @@ def check_across(cfg: Config) -> None:
             "(CUDA-only kernels)")
 
 
-LORA_BACKENDS = ("hf", "vllm")  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+LORA_BACKENDS = ("hf", "vllm", "sglang")  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+FINISH_BACKENDS = ("vllm", "sglang")  # engines that serve several adapters at once
 VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank (rollout/engines/vllm_lora.py)
 
 
@@ -70,10 +71,10 @@ def check_lora(cfg: Config) -> None:
     require(cfg.rollout.backend in LORA_BACKENDS,
             f"model.lora.enabled: rollout.backend={cfg.rollout.backend} cannot apply a pushed "
             f"adapter yet; use rollout.backend={' or '.join(LORA_BACKENDS)}")
-    require(cfg.rollout.lora_push != "finish" or cfg.rollout.backend == "vllm",
-            f"rollout.lora_push=finish needs rollout.backend=vllm (one engine serving several "
-            f"adapters at once); {cfg.rollout.backend} applies one adapter to its weights: "
-            "rollout.lora_push=pause")
+    require(cfg.rollout.lora_push != "finish" or cfg.rollout.backend in FINISH_BACKENDS,
+            f"rollout.lora_push=finish needs rollout.backend={' or '.join(FINISH_BACKENDS)} "
+            f"(one engine serving several adapters at once); {cfg.rollout.backend} applies one "
+            "adapter to its weights: rollout.lora_push=pause")
     require(cfg.rollout.backend != "vllm" or cfg.model.lora.rank <= VLLM_MAX_LORA_RANK,
             f"model.lora.rank={cfg.model.lora.rank}: vLLM serves adapters of rank <= "
             f"{VLLM_MAX_LORA_RANK} only")

@@ -103,6 +103,7 @@ class EngineOptions:
     # its weights and needs neither.
     lora_rank: int = 0
     lora_slots: int = 2
+    lora_targets: tuple[str, ...] = ()  # model.lora.target_modules (sglang reserves them)
 
 
 class InferenceEngine(ABC):

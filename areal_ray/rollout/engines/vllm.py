@@ -29,7 +29,8 @@ ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
 
 LoRA (`model.lora`, `update_adapter`): built with `lora_rank`, the engine serves each
 pushed adapter through vLLM's own LoRA support under a new adapter id per version,
-added before the pause and unloaded once no request uses it (vllm_lora.py says why).
+added before the pause and unloaded once no request uses it (adapters.py says why;
+vllm_lora.py the vLLM side).
 
 Bad requests: vLLM checks token ids against the vocabulary only when its tokenizer is
 loaded, and ours is not (`skip_tokenizer_init`), so an out-of-vocabulary id reaches
@@ -64,18 +65,14 @@ import asyncio
 import dataclasses
 import logging
 import os
-import shutil
 import uuid
 from pathlib import Path
 
+from areal_ray.rollout.engines.adapters import PAUSED_PUSH_SLOTS
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
-from areal_ray.rollout.engines.vllm_lora import (
-    PAUSED_PUSH_SLOTS,
-    AdapterServing,
-    lora_engine_args,
-)
+from areal_ray.rollout.engines.vllm_lora import VLLMAdapters, lora_engine_args
 from areal_ray.weights.staging import staging_dir
 
 try:
@@ -232,7 +229,7 @@ def check_sleep_mode(args: dict) -> bool:
 
 
 # ----------------------------------------------------------------- the engine
-class VLLMEngine(AdapterServing, GatedEngine):
+class VLLMEngine(VLLMAdapters, GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
@@ -406,10 +403,7 @@ class VLLMEngine(AdapterServing, GatedEngine):
     async def _load_file(self, path: Path) -> None:
         """Load a staged file; no request of ours is inside vLLM now. Asleep, the weights
         wake first (a load writes into their memory) and the KV cache stays asleep."""
-        self.slots.activate(None)  # full weights are served as they are, with no adapter
-        # They are the base of any later adapter, and their digest is not kept (it would
-        # cost a hash of the model per push): the checkpoint on disk no longer applies.
-        self._base_checked = True
+        self._serve_plain_weights()
         async with self._memory:
             if "weights" in self.asleep:
                 await self._wake(["weights"])
@@ -471,6 +465,4 @@ class VLLMEngine(AdapterServing, GatedEngine):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-        for request in self._lora.values():
-            shutil.rmtree(request.lora_path, ignore_errors=True)
-        self._lora.clear()
+        self._remove_lora_dirs()

@@ -21,16 +21,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from areal_ray.rollout.engines.base import GenerationRequest
-from areal_ray.rollout.engines.vllm import VLLMEngine, engine_args
-from areal_ray.rollout.engines.vllm_lora import (
+from areal_ray.rollout.engines.adapters import (
     AdapterSlots,
-    lora_engine_args,
     lora_slots,
-    max_lora_rank,
     peft_adapter_config,
     write_peft_dir,
 )
+from areal_ray.rollout.engines.base import GenerationRequest
+from areal_ray.rollout.engines.vllm import VLLMEngine, engine_args
+from areal_ray.rollout.engines.vllm_lora import lora_engine_args, max_lora_rank
 from areal_ray.rollout.interruptible import generate_interruptible
 from areal_ray.weights.adapter import Adapter, base_digest, merged_state
 from areal_ray.weights.payloads import AdapterMeta
