@@ -207,15 +207,14 @@ class CollectiveSender:
         self.ctx = ctx
         self.fallback = ObjectStoreSender(ctx)
         self.group: WeightGroup | None = None
-        self.store = self._socket = None
+        self.store = None
 
     def _serve_store(self) -> None:
         """Rank 0 serves the group's rendezvous store on the node's address (not every
         address), from the first push that takes this path."""
         if self.store is None:
             host = ray.util.get_node_ip_address()
-            self.store, self._socket = WeightGroup.serve(host, self.ctx.cfg.timeout_s)
-            port = self._socket.getsockname()[1]
+            self.store, port = WeightGroup.serve(host, self.ctx.cfg.timeout_s)
             ray.get(self.ctx.driver.set_weight_store.remote(host, port))
 
     def _items(self, model) -> tuple[list, Iterator[tuple[str, torch.Tensor]]]:
@@ -283,8 +282,7 @@ class CollectiveSender:
         return weights, stats
 
     def close(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
+        self.group = self.store = None  # the store closes its socket
 
 
 _SENDERS = {"object_store": ObjectStoreSender, "disk": DiskSender, "shm": ShmSender,

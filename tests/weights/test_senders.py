@@ -40,8 +40,7 @@ class DeadGroup:
 
     @staticmethod
     def serve(host, timeout_s):
-        import socket
-        return object(), socket.socket()
+        return object(), 0
 
     def send(self, tensors, specs, bucket_bytes):
         next(iter(tensors))  # the first bucket was being filled
