@@ -52,7 +52,7 @@ def lora_slots(eta: int, finish: bool) -> int:
 
 
 def peft_adapter_config(adapter: Adapter) -> dict:
-    """The `adapter_config.json` peft writes for this adapter (the keys vLLM reads)."""
+    """The `adapter_config.json` peft writes for this adapter (the keys vLLM and SGLang read)."""
     m = adapter.meta
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": m.rank, "lora_alpha": m.alpha,
             "target_modules": sorted({t.rsplit(".", 1)[-1] for t in m.targets}),
