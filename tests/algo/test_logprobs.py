@@ -5,7 +5,7 @@ output projection swapped only for the duration of one forward."""
 import pytest
 import torch
 
-from areal_ray.algo.logprobs import chunked_logprobs, logprob_head, token_logprobs
+from areal_ray.algo.logprobs import chunked_logprobs, logprob_head, shared_model_logprobs, token_logprobs
 from areal_ray.train.memory import saved_storages
 
 
@@ -69,6 +69,22 @@ def test_token_logprobs_match_the_models_own_logits(random_model_dir):
     head = model.get_output_embeddings()
     assert "forward" not in head.__dict__  # restored
     assert model(input_ids=ids).logits.shape[-1] == vocab
+
+
+def test_logprobs_beside_other_forwards_are_token_logprobs_bit_for_bit(random_model_dir):
+    """The hf engine's probe runs beside its scheduler's forwards: it must not patch the
+    head they use (a patched head once failed a prefill mid-push), and gives the same bits."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir).eval()
+    ids = torch.randint(3, 60, (2, 17), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        want = token_logprobs(model, ids, mask, 0.7)
+        head = model.get_output_embeddings()
+        assert "forward" not in vars(head)
+        got = shared_model_logprobs(model, ids, mask, 0.7)
+        assert "forward" not in vars(head)  # never patched
+    assert torch.equal(got, want)
 
 
 def test_the_head_is_restored_when_the_forward_fails_and_softcapping_is_refused(random_model_dir):
