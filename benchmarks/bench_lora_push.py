@@ -37,7 +37,7 @@ ARM_KEYS = ("wall_s", "train_s", "steady_samples_per_s", "samples_per_s",
 class BenchLoraPushConfig:
     config: str = opt("conf/quickstart_lora.yaml", "the run config every arm shares")
     overrides: list = opt([], "key=value overrides of that config, for every arm")
-    modes: list = opt(list(LoraPush.values()), "rollout.lora_push values to compare")
+    modes: list = opt(["pause", "finish"], "rollout.lora_push values to compare")
     repeats: int = opt(1, "runs of each mode")
     out: str = opt("runs/bench_lora_push/report.json", "JSON report; the arms' run dirs go next to it")
 

@@ -34,6 +34,7 @@ from ray.serve.config import RequestRouterConfig
 
 from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import Config
+from areal_ray.config.root import lora_push_mode
 from areal_ray.observe.metrics import ReplicaMetrics
 from areal_ray.rollout.engines.adapters import lora_slots
 from areal_ray.rollout.engines.base import FINISH, EngineOptions, GenerationRequest
@@ -86,8 +87,8 @@ class ServerOptions:
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
                    release_memory=r.release_memory, run_name=cfg.run.name,
                    lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else 0,
-                   lora_push=str(r.lora_push),
-                   lora_slots=lora_slots(cfg.algo.eta, r.lora_push == FINISH),
+                   lora_push=lora_push_mode(r),
+                   lora_slots=lora_slots(cfg.algo.eta, lora_push_mode(r) == FINISH),
                    lora_targets=tuple(cfg.model.lora.target_modules),
                    probe=probe_enabled(cfg))
 

@@ -134,7 +134,7 @@ CHOICES = [
     ("rollout.backend", "tgi", "hf, vllm, sglang"),
     ("rollout.batching", "dynamic", "continuous, static, invariant"),
     ("rollout.router", "round_robin", "least_tokens, pow2"),
-    ("rollout.lora_push", "abort", "pause, finish"),
+    ("rollout.lora_push", "abort", "auto, pause, finish"),
     ("algo.adv.estimator", "magic", "grpo, dr_grpo, rloo, gae"),
     ("algo.adv.norm", "group", "none, batch"),
     ("algo.loss.name", "reinforce", "decoupled_ppo"),
@@ -155,6 +155,19 @@ def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
         load_config(None, [f"{key}={bad}"])
     msg = str(e.value)
     assert f"{key}: " in msg and repr(bad) in msg and f"[{allowed}]" in msg, msg
+
+
+@pytest.mark.parametrize("backend,value,mode", [
+    ("vllm", "auto", "finish"), ("sglang", "auto", "finish"), ("hf", "auto", "pause"),
+    ("vllm", "pause", "pause"), ("vllm", "finish", "finish")])
+def test_lora_push_auto_is_finish_where_the_engine_serves_several_adapters(backend, value, mode):
+    from areal_ray.config.root import lora_push_mode
+    from deployments.rollout import ServerOptions
+    cfg = load_config(None, ["model.lora.enabled=true", f"rollout.backend={backend}",
+                             f"rollout.lora_push={value}", "algo.eta=3"])
+    assert lora_push_mode(cfg.rollout) == mode
+    opts = ServerOptions.from_config(cfg)
+    assert (opts.lora_push, opts.lora_slots) == (mode, 5 if mode == "finish" else 2)
 
 
 def test_lora_is_off_by_default_and_accepted_on_the_paths_and_engines_that_carry_it():

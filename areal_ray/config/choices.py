@@ -44,6 +44,7 @@ class Batching(Choice):
 
 
 class LoraPush(Choice):
+    auto = "auto"
     pause = "pause"
     finish = "finish"
 

@@ -62,6 +62,14 @@ FINISH_BACKENDS = ("vllm", "sglang")  # engines that serve several adapters at o
 VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank (rollout/engines/vllm_lora.py)
 
 
+def lora_push_mode(rollout) -> str:
+    """`rollout.lora_push` as the replicas apply it: auto is finish on the engines that
+    serve several adapters at once, pause on the others."""
+    if rollout.lora_push == "auto":
+        return "finish" if rollout.backend in FINISH_BACKENDS else "pause"
+    return str(rollout.lora_push)
+
+
 def check_lora(cfg: Config) -> None:
     """With `model.lora.enabled`, pushes carry only the adapter (every weight path
     carries one, an `AdapterPayload` around its own payload): an engine that cannot
