@@ -6,7 +6,9 @@ never generates with stale weights. A background task then long-polls the driver
 new publications (a new version, or a rollback after a trainer restart) and loads
 each one into the engine: with `rollout.interrupt` the engine aborts in-flight
 generation (partial outputs go back to the clients, which resubmit them), otherwise
-it lets running requests finish first. With `rollout.rolling_update` a replica takes
+it lets running requests finish first. A LoRA adapter push with
+`rollout.lora_push=finish` (vLLM) does neither: running requests finish under the
+adapter they started with while new ones get the new one. With `rollout.rolling_update` a replica takes
 the driver's load slot first, so replicas swap weights one at a time while the others
 keep generating; every token still carries the version that produced it.
 
@@ -32,8 +34,10 @@ from ray.serve.config import RequestRouterConfig
 
 from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import Config
+from areal_ray.config.root import lora_push_mode
 from areal_ray.observe.metrics import ReplicaMetrics
-from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest
+from areal_ray.rollout.engines.adapters import lora_slots
+from areal_ray.rollout.engines.base import FINISH, EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
 from areal_ray.rollout.router import LeastOutstandingTokensRouter
 from areal_ray.task.tokenizer import load_tokenizer
@@ -66,6 +70,9 @@ class ServerOptions:
     release_memory: bool  # free the engine's GPU memory during trainer steps (one GPU)
     run_name: str  # the `run` tag of this replica's dashboard metrics
     lora_rank: int = 0  # model.lora.rank when adapters are pushed, else 0
+    lora_push: str = "pause"  # rollout.lora_push: what an adapter push does to running requests
+    lora_slots: int = 2  # adapters the engine holds at once (adapters.lora_slots)
+    lora_targets: tuple[str, ...] = ()  # model.lora.target_modules
     probe: bool = False  # score the load probe after every push (weights/probe.py)
 
     @classmethod
@@ -80,6 +87,9 @@ class ServerOptions:
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
                    release_memory=r.release_memory, run_name=cfg.run.name,
                    lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else 0,
+                   lora_push=lora_push_mode(r),
+                   lora_slots=lora_slots(cfg.algo.eta, lora_push_mode(r) == FINISH),
+                   lora_targets=tuple(cfg.model.lora.target_modules),
                    probe=probe_enabled(cfg))
 
 
@@ -106,7 +116,8 @@ class RolloutServer:
             max_batch_size=opts.max_batch_size, dtype=opts.dtype, batching=opts.batching,
             threads=opts.torch_threads, engine_kwargs=dict(opts.engine_kwargs or {}),
             release_memory=opts.release_memory, owner=tag_of_driver(driver_name) or "",
-            lora_rank=opts.lora_rank))
+            lora_rank=opts.lora_rank, lora_slots=opts.lora_slots,
+            lora_targets=tuple(opts.lora_targets)))
         await self.engine.warmup()
         if opts.probe:  # scored after every load (weights/probe.py)
             self.engine.probe_ids = probe_ids(self.engine.limits.vocab_size)
@@ -114,6 +125,8 @@ class RolloutServer:
         # stage) then need no transformers of their own (seconds and ~350 MB a process).
         self.tokenizer = load_tokenizer(model_path)
         self.update_mode = "abort" if opts.interrupt else "wait"
+        # An adapter push may let running requests finish under their adapter instead
+        self.adapter_mode = FINISH if opts.lora_push == FINISH else self.update_mode
         self.rolling = opts.rolling_update
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.driver = ray.get_actor(driver_name, namespace=namespace) if driver_name else None
@@ -179,7 +192,7 @@ class RolloutServer:
             if buckets is not None:
                 update = self.engine.update_weights_from_buckets(buckets, version, self.update_mode)
             elif isinstance(state_dict, Adapter):  # model.lora: applied to the engine's base
-                update = self.engine.update_adapter(state_dict, version, self.update_mode)
+                update = self.engine.update_adapter(state_dict, version, self.adapter_mode)
             else:
                 update = self.engine.update_weights(state_dict, version, self.update_mode)
             info = await update

@@ -115,12 +115,9 @@ CHECKS = [
     (["model.lora.alpha=0"], "model.lora.alpha must be > 0"),
     (["model.lora.dropout=1"], r"model.lora.dropout must be in \[0, 1\)"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules must name at least one module"),
-    # LoRA pushes only the adapter: paths and engines that cannot carry one are refused
-    (["model.lora.enabled=true"], r"weights.path=auto does not carry yet.*shm, object_store \(auto may"),
-    (["model.lora.enabled=true", "weights.path=collective"], "weights.path=collective does not carry"),
-    (["model.lora.enabled=true", "weights.path=disk"], "weights.path=disk does not carry"),
-    (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=sglang"],
-     r"rollout.backend=sglang cannot apply a pushed adapter.*rollout.backend=hf or vllm"),
+    # LoRA pushes only the adapter: engines that cannot apply one are refused
+    (["model.lora.enabled=true", "rollout.lora_push=finish"],
+     r"rollout.lora_push=finish needs rollout.backend=vllm or sglang .* hf applies one adapter"),
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm", "model.lora.rank=513"],
      r"model.lora.rank=513: vLLM serves adapters of rank <= 512"),
 ]
@@ -137,6 +134,7 @@ CHOICES = [
     ("rollout.backend", "tgi", "hf, vllm, sglang"),
     ("rollout.batching", "dynamic", "continuous, static, invariant"),
     ("rollout.router", "round_robin", "least_tokens, pow2"),
+    ("rollout.lora_push", "abort", "auto, pause, finish"),
     ("algo.adv.estimator", "magic", "grpo, dr_grpo, rloo, gae"),
     ("algo.adv.norm", "group", "none, batch"),
     ("algo.loss.name", "reinforce", "decoupled_ppo"),
@@ -159,10 +157,23 @@ def test_each_choice_names_its_key_and_the_allowed_values(key, bad, allowed):
     assert f"{key}: " in msg and repr(bad) in msg and f"[{allowed}]" in msg, msg
 
 
+@pytest.mark.parametrize("backend,value,mode", [
+    ("vllm", "auto", "finish"), ("sglang", "auto", "finish"), ("hf", "auto", "pause"),
+    ("vllm", "pause", "pause"), ("vllm", "finish", "finish")])
+def test_lora_push_auto_is_finish_where_the_engine_serves_several_adapters(backend, value, mode):
+    from areal_ray.config.root import lora_push_mode
+    from deployments.rollout import ServerOptions
+    cfg = load_config(None, ["model.lora.enabled=true", f"rollout.backend={backend}",
+                             f"rollout.lora_push={value}", "algo.eta=3"])
+    assert lora_push_mode(cfg.rollout) == mode
+    opts = ServerOptions.from_config(cfg)
+    assert (opts.lora_push, opts.lora_slots) == (mode, 5 if mode == "finish" else 2)
+
+
 def test_lora_is_off_by_default_and_accepted_on_the_paths_and_engines_that_carry_it():
     assert not load_config(None, []).model.lora.enabled
-    for path in ("shm", "object_store"):
-        for backend in ("hf", "vllm"):
+    for path in ("auto", "collective", "shm", "object_store", "disk"):
+        for backend in ("hf", "vllm", "sglang"):
             cfg = load_config(None, ["model.lora.enabled=true", f"weights.path={path}",
                                      f"rollout.backend={backend}", "model.lora.rank=4",
                                      "model.lora.alpha=8"])

@@ -111,23 +111,23 @@ def logprob_head(model, input_ids: torch.Tensor, temperature: float, chunk_bytes
         del head.forward
 
 
-def shared_model_logprobs(model, input_ids: torch.Tensor, temperature: float = 1.0,
-                          chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
-    """[B, L-1] log-probabilities of input_ids[:, 1:], like `token_logprobs`, for a model
-    other threads run at the same time (an engine's, scored beside its scheduler):
-    `logprob_head` swaps the output projection's forward, which the other threads would
-    pick up mid-forward. Here the decoder runs as the model's own forward runs it and the
-    projection is applied to its hidden states outside the module: the same operations on
-    the same tensors, so the same bits as the trainer's forward, and nothing is changed."""
-    head = model.get_output_embeddings()
-    hidden = model.get_decoder()(input_ids=input_ids,
-                                 attention_mask=torch.ones_like(input_ids)).last_hidden_state
-    return chunked_logprobs(hidden[:, :-1], head.weight, head.bias, input_ids[:, 1:],
-                            temperature, chunk_bytes)
-
-
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """[B, L-1] log-probabilities of input_ids[:, 1:] under the model."""
     with logprob_head(model, input_ids, temperature, chunk_bytes):
         return model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def shared_model_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """`token_logprobs`, bit for bit, without patching the model's head: the decoder's
+    hidden states through the same chunked head. For a model other threads run forwards
+    on at the same time (an engine's probe beside its scheduler), whose head
+    `logprob_head` would change under them."""
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise ValueError(f"{type(model).__name__} caps its logits; the chunked logprob head "
+                         "computes plain log-softmax and would differ from the engine's")
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    head = model.get_output_embeddings()
+    return chunked_logprobs(hidden[:, :-1], head.weight, head.bias, input_ids[:, 1:], temperature,
+                            chunk_bytes)

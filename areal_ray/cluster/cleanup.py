@@ -84,7 +84,7 @@ def sweep_local_files(dry_run: bool, own_tag: str = "") -> list[str]:
     live = live_tags(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
     stale = [listed[n] for n in stale_files(listed, this_cluster(), live, pid_alive, own_tag)]
     if not dry_run:
-        for p in stale:  # a vLLM replica's adapters are directories (vllm_lora.py)
+        for p in stale:  # a replica's adapters are directories (adapters.py)
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return [str(p) for p in stale]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from areal_ray.train.memory import DTYPE_BYTES, GIB, DecoderShape, trainer_memory
+from areal_ray.train.memory import DTYPE_BYTES, GIB, DecoderShape, lora_kwargs, trainer_memory
 
 MARGIN = 0.1  # of each GPU left free: fragmentation, NCCL buffers, what no model counts
 # Engine memory outside its configured fraction or model: sglang's CUDA graphs, sampler
@@ -210,7 +210,7 @@ def trainer_gib(cfg, shape: DecoderShape) -> dict[str, float]:
                          master_bytes=DTYPE_BYTES[cfg.train.master_dtype or cfg.model.dtype],
                          checkpointing=cfg.train.activation_checkpointing,
                          chunk_bytes=cfg.train.logits_chunk_mb << 20,
-                         reference=cfg.algo.loss.kl_coef > 0)
+                         reference=cfg.algo.loss.kl_coef > 0, **lora_kwargs(cfg))
     return {"step": round(mem.total / GIB, 2), "resident": round(mem.resident / GIB, 2)}
 
 

@@ -43,6 +43,12 @@ class Batching(Choice):
     invariant = "invariant"  # every request its own cohort: bit-identical whatever else runs
 
 
+class LoraPush(Choice):
+    auto = "auto"
+    pause = "pause"
+    finish = "finish"
+
+
 class Router(Choice):
     least_tokens = "least_tokens"
     pow2 = "pow2"

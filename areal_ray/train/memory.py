@@ -11,6 +11,14 @@ a GPU. What it leaves out (allocator fragmentation, NCCL buffers, transient grad
 beyond one layer) is what `margin` is for. The parts are summed although the optimizer
 step's temporaries and the activations are never alive together: an upper bound.
 
+With a LoRA adapter (`model.lora`, `lora_params`) the base stays frozen: its weights
+are held (sharded) as before, but gradients, AdamW's moments, the optimizer step's
+temporaries and the layers' gradients in flight exist for the adapter's parameters
+only. Per token, each adapted module adds its `lora_A` output (rank values) to what a
+layer saves, and the full fine-tuning terms stay: an upper bound, since a frozen base
+saves less (the norms' normalised inputs, which only their weights' gradients need;
+measured 10% below the bound on Qwen2.5-1.5B's layers with every projection adapted).
+
 `plan()` gives, for a run config and a model config, the bytes by part, whether
 `algo.microbatch.max_tokens` fits `train.gpu_memory_gib`, and the largest budget that does.
 """
@@ -77,6 +85,24 @@ class DecoderShape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear module of a decoder layer, by the name peft
+        matches (`model.lora.target_modules`)."""
+        h, i = self.hidden, self.intermediate
+        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim), "v_proj": (h, self.kv_dim),
+                "o_proj": (self.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i),
+                "down_proj": (i, h)}
+
+    def lora_params(self, rank: int, targets) -> int:
+        """Parameters of a rank-`rank` adapter on `targets` in one decoder layer
+        (A: rank x in, B: out x rank per module)."""
+        shapes = self.linear_shapes()
+        unknown = sorted(set(targets) - set(shapes))
+        if unknown:
+            raise ValueError(f"the memory model knows no decoder-layer module {unknown}; "
+                             f"it models {', '.join(shapes)}")
+        return sum(rank * sum(shapes[t]) for t in set(targets))
+
 
 def layer_bytes_per_token(s: DecoderShape, b: int) -> int:
     """What autograd keeps per token of one decoder layer, compute dtype of `b` bytes."""
@@ -87,11 +113,13 @@ def layer_bytes_per_token(s: DecoderShape, b: int) -> int:
     return norms + proj_inputs + attention + mlp
 
 
-def activation_bytes_per_token(s: DecoderShape, b: int, checkpointing: bool) -> int:
+def activation_bytes_per_token(s: DecoderShape, b: int, checkpointing: bool,
+                               lora_outputs: int = 0) -> int:
     """Saved for the backward per token of a micro-batch, whole model (the logits
     excepted: they are chunked, `logits_bytes`). With checkpointing a layer keeps only
-    its input; the rotary cos/sin then live inside the recomputed layers."""
-    per_layer = b * s.hidden if checkpointing else layer_bytes_per_token(s, b)
+    its input; the rotary cos/sin then live inside the recomputed layers.
+    `lora_outputs`: rank x adapted modules per layer (LoRA: each `lora_A` output)."""
+    per_layer = b * s.hidden if checkpointing else layer_bytes_per_token(s, b) + b * lora_outputs
     final_norm = 4 * s.hidden + b * s.hidden + 4
     head_input = b * s.hidden
     rotary = 0 if checkpointing else 2 * s.head_dim * b
@@ -138,17 +166,31 @@ class TrainerMemory:
 
 def trainer_memory(s: DecoderShape, tokens: int, world: int, compute_bytes: int = 2,
                    master_bytes: int = 4, checkpointing: bool = False,
-                   chunk_bytes: int = 256 << 20, reference: bool = False) -> TrainerMemory:
-    shard = s.params / world
-    gathered = s.root_params * compute_bytes + 2 * s.layer_params * (compute_bytes + 4)
+                   chunk_bytes: int = 256 << 20, reference: bool = False,
+                   lora_rank: int = 0, lora_targets: tuple[str, ...] = ()) -> TrainerMemory:
+    """`lora_rank` > 0: a LoRA adapter on `lora_targets` is trained, the rest is frozen."""
+    adapter = s.lora_params(lora_rank, lora_targets) if lora_rank else 0
+    layer = s.layer_params + adapter  # what FSDP2 gathers of a layer
+    layer_trained = adapter if lora_rank else s.layer_params  # ... and the grads it reduces
+    shard = (s.params + s.layers * adapter) / world
+    trained = (s.layers * adapter if lora_rank else s.params) / world
+    lora_outputs = lora_rank * len(set(lora_targets))
+    gathered = s.root_params * compute_bytes + 2 * (layer * compute_bytes + layer_trained * 4)
     ref = (shard + s.root_params + 2 * s.layer_params) * compute_bytes if reference else 0
     return TrainerMemory(
-        weights=int(shard * master_bytes), grads=int(shard * master_bytes),
-        optimizer=int(2 * shard * master_bytes), gathered=int(gathered), reference=int(ref),
-        activations=tokens * activation_bytes_per_token(s, compute_bytes, checkpointing),
-        backward_work=tokens * layer_bytes_per_token(s, compute_bytes),
-        logits=logits_bytes(s, tokens, chunk_bytes), optimizer_step=int(shard * master_bytes),
+        weights=int(shard * master_bytes), grads=int(trained * master_bytes),
+        optimizer=int(2 * trained * master_bytes), gathered=int(gathered), reference=int(ref),
+        activations=tokens * activation_bytes_per_token(s, compute_bytes, checkpointing,
+                                                        lora_outputs),
+        backward_work=tokens * (layer_bytes_per_token(s, compute_bytes) + compute_bytes * lora_outputs),
+        logits=logits_bytes(s, tokens, chunk_bytes), optimizer_step=int(trained * master_bytes),
         overhead=OVERHEAD_BYTES)
+
+
+def lora_kwargs(cfg) -> dict:
+    """`trainer_memory`'s LoRA arguments from a run config (none without `model.lora`)."""
+    lora = cfg.model.lora
+    return dict(lora_rank=lora.rank, lora_targets=tuple(lora.target_modules)) if lora.enabled else {}
 
 
 def max_tokens(budget_bytes: int, **kwargs) -> int:
@@ -172,7 +214,8 @@ def plan(cfg, shape: DecoderShape, gpu_gib: float | None = None, margin: float =
                   compute_bytes=DTYPE_BYTES[cfg.model.dtype],
                   master_bytes=DTYPE_BYTES[cfg.train.master_dtype or cfg.model.dtype],
                   checkpointing=cfg.train.activation_checkpointing,
-                  chunk_bytes=cfg.train.logits_chunk_mb << 20, reference=cfg.algo.loss.kl_coef > 0)
+                  chunk_bytes=cfg.train.logits_chunk_mb << 20, reference=cfg.algo.loss.kl_coef > 0,
+                  **lora_kwargs(cfg))
     budget = int(gpu_gib * GIB * (1 - margin))
     best = max_tokens(budget, **kwargs)
     tokens = cfg.algo.microbatch.max_tokens or best
@@ -180,8 +223,7 @@ def plan(cfg, shape: DecoderShape, gpu_gib: float | None = None, margin: float =
     return {"gpu_gib": gpu_gib, "margin": margin, "max_tokens_per_mb": tokens,
             "fits": mem.total <= budget, "largest_max_tokens_per_mb": best,
             "free_gib": round((gpu_gib * GIB - mem.total) / GIB, 2),
-            "activation_bytes_per_token": activation_bytes_per_token(
-                shape, kwargs["compute_bytes"], kwargs["checkpointing"]),
+            "activation_bytes_per_token": mem.activations // max(tokens, 1),
             "gib": mem.table()}
 
 

@@ -134,19 +134,23 @@ class WeightGroup:
                              wait_for_workers=False)
 
     @staticmethod
-    def serve(host: str, timeout_s: float) -> tuple[dist.TCPStore, socket.socket]:
-        """(the rendezvous store, its listening socket) served on `host` only: the
-        socket is bound here and handed to the store, which would otherwise listen on
-        every address of the node. Keep the socket as long as the store."""
+    def serve(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:
+        """(the rendezvous store, its port) served on `host` only: the socket is bound
+        here and handed to the store, which would otherwise listen on every address of
+        the node. The store owns the socket from then on and closes it when it is
+        destroyed; a Python socket object closing the same descriptor too would close
+        whatever reused its number in between (it once was Serve's router loop)."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
         sock.listen(128)
-        store = dist.TCPStore(host, sock.getsockname()[1], None, True,
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(host, port, None, True,
                               datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
                               master_listen_fd=sock.fileno())
-        return store, sock
+        sock.detach()
+        return store, port
 
     def _ready_key(self, rank: int) -> str:
         return f"ready-{self.transfers}-{rank}"

@@ -20,11 +20,13 @@ trainer get half the bytes, through the object store and onto /dev/shm alike); t
 weights a push returns stay in the trained dtype, since checkpoints are written from
 them.
 
-With a LoRA adapter (`SenderContext.adapter`, from `model.lora`) the staged paths
-gather and publish only the adapter's tensors, wrapped in an `AdapterPayload` with its
+With a LoRA adapter (`SenderContext.adapter`, from `model.lora`) every path gathers
+and publishes only the adapter's tensors, wrapped in an `AdapterPayload` with its
 meta; the weights a push returns are then the adapter's (checkpoints and the final
-model merge them, areal_ray/train/lora.py). The collective path does not carry
-adapters (the config refuses the combination, config/root.py: `check_lora`).
+model merge them, areal_ray/train/lora.py). The collective path gathers the adapter
+whole first (it is small, and its manifest is then the gathered tensors', not the
+model's) and broadcasts it as it would the model; the driver wraps the broadcast's
+payload (`Driver.begin_push`), and the object-store fallback is wrapped alike.
 
 Stats per push (`push_stats`): path, bytes, gather / transfer / load seconds.
 """
@@ -202,37 +204,42 @@ class CollectiveSender:
     path = "collective"
 
     def __init__(self, ctx: SenderContext):
-        if ctx.adapter is not None:
-            raise ValueError("the collective path does not carry LoRA adapters: "
-                             "weights.path=shm or object_store")
         self.ctx = ctx
         self.fallback = ObjectStoreSender(ctx)
         self.group: WeightGroup | None = None
-        self.store = self._socket = None
+        self.store = None
 
     def _serve_store(self) -> None:
         """Rank 0 serves the group's rendezvous store on the node's address (not every
         address), from the first push that takes this path."""
         if self.store is None:
             host = ray.util.get_node_ip_address()
-            self.store, self._socket = WeightGroup.serve(host, self.ctx.cfg.timeout_s)
-            port = self._socket.getsockname()[1]
+            self.store, port = WeightGroup.serve(host, self.ctx.cfg.timeout_s)
             ray.get(self.ctx.driver.set_weight_store.remote(host, port))
 
+    def _items(self, model) -> tuple[list, Iterator[tuple[str, torch.Tensor]]]:
+        """(manifest, (name, whole tensor) in its order), on every trainer rank. The
+        model's manifest comes from global shapes before anything is gathered, and its
+        tensors are gathered one by one as the buckets fill; an adapter is gathered
+        whole at once. The transfer dtype is applied as each bucket fills."""
+        if self.ctx.adapter is not None:
+            state = self.ctx.gather(model)
+            return manifest_of(state.items(), self.ctx.cfg.dtype), iter(state.items())
+        return manifest_of(model.state_dict().items(), self.ctx.cfg.dtype), iter_full(model)
+
     def follow(self, model) -> None:
-        for _ in iter_full(model):
+        for _ in self._items(model)[1]:
             pass
 
     def push(self, model, version: int, t0: float) -> tuple[dict, dict]:
         cfg, driver = self.ctx.cfg, self.ctx.driver
-        # The manifest from global shapes, before anything is gathered; the transfer
-        # dtype is applied by the sender as it fills each bucket.
-        specs = manifest_of(model.state_dict().items(), cfg.dtype)
+        tg = time.perf_counter()
+        specs, it = self._items(model)
+        gathered_s = time.perf_counter() - tg  # an adapter's whole gather; ~0 for a model
         weights: dict[str, torch.Tensor] = {}
-        gather_s = [0.0]
+        gather_s = [0.0]  # gathering while the buckets fill (inside the send)
 
         def stream():
-            it = iter_full(model)
             while True:
                 tg = time.perf_counter()
                 item = next(it, None)
@@ -247,7 +254,8 @@ class CollectiveSender:
 
         tensors = stream()
         self._serve_store()
-        plan = ray.get(driver.begin_push.remote(version, specs, cfg.bucket_mb << 20))
+        plan = ray.get(driver.begin_push.remote(version, specs, cfg.bucket_mb << 20,
+                                                self.ctx.adapter))
         if plan is None:  # no replica to send to: publish through the object store
             for _ in tensors:
                 pass
@@ -267,15 +275,14 @@ class CollectiveSender:
                 for _ in tensors:  # finish the gather: the other trainer ranks are in it
                     pass
                 push = ray.get(driver.fallback_push.remote(
-                    version, self.fallback.stage(version, weights)))
+                    version, self.ctx.wrap(self.fallback.stage(version, weights))))
                 stats = push_stats("object_store (fallback)", self.fallback.sent_bytes(weights),
                                    0.0, push)
-        stats.update(push_gather_s=gather_s[0], push_total_s=time.perf_counter() - t0)
+        stats.update(push_gather_s=gathered_s + gather_s[0], push_total_s=time.perf_counter() - t0)
         return weights, stats
 
     def close(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
+        self.group = self.store = None  # the store closes its socket
 
 
 _SENDERS = {"object_store": ObjectStoreSender, "disk": DiskSender, "shm": ShmSender,

@@ -92,7 +92,7 @@ def test_shared_model_logprobs_equal_the_trainers_and_leave_the_model_as_others_
             seen.append(model(input_ids=ids[:1, :2], logits_to_keep=1).logits.shape)
     model.get_decoder().register_forward_pre_hook(scheduler_forward, with_kwargs=True)
     with torch.no_grad():
-        got = shared_model_logprobs(model, ids)
+        got = shared_model_logprobs(model, ids, torch.ones_like(ids))
     assert seen == [torch.Size([1, 1, model.config.vocab_size])]
     with torch.no_grad():
         assert torch.equal(got, token_logprobs(model, ids, torch.ones_like(ids)))

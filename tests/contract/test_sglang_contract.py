@@ -348,3 +348,97 @@ def test_object_store_and_plain_tensors_roundtrip(ray_cluster):
     assert _roundtrip_in_child(sd, sd) is True
     stored = state_from(ray_cluster.get(put_state(sd).ref))  # read-only object-store views
     assert _roundtrip_in_child(stored, sd) is True
+
+
+# ----------------------------------------------------------------- LoRA (model.lora)
+def test_lora_server_args_are_sglang_fields_of_the_right_types():
+    from sglang.srt.arg_groups.fields.lora import Lora
+    from sglang.srt.utils.common import SUPPORTED_LORA_TARGET_MODULES
+
+    from areal_ray.config.model import DEFAULT_LORA_TARGETS
+    args = se.lora_server_args(8, DEFAULT_LORA_TARGETS, slots=4)
+    assert set(args) <= {f.name for f in record_fields(ServerArgs)}
+    assert set(args["lora_target_modules"]) <= set(SUPPORTED_LORA_TARGET_MODULES)
+    lora = Lora(**args)  # sglang's own namespace of them
+    assert (lora.enable_lora, lora.max_lora_rank, lora.max_loras_per_batch) == (True, 8, 5)
+    assert lora.max_loaded_loras is None  # no LRU eviction by sglang: we unload ourselves
+    # with no adapter at start, sglang needs the rank and the targets up front
+    from sglang.srt.arg_groups import lora_hook
+    src = inspect.getsource(lora_hook.check_lora_server_args)
+    assert "cfg.lora_paths or (cfg.max_lora_rank and cfg.lora_target_modules)" in src
+    assert args["max_lora_rank"] and args["lora_target_modules"]
+
+
+@pytest.mark.parametrize("method", ["load_lora_adapter", "unload_lora_adapter"])
+def test_lora_calls_are_coroutines_answering_success_and_a_message(method):
+    fn = getattr(TokenizerManager, method)
+    assert inspect.iscoroutinefunction(fn)
+    assert list(inspect.signature(fn).parameters)[:2] == ["self", "obj"]
+    fields = {f.name for f in record_fields(io_struct.LoRAUpdateOutput)}
+    assert {"success", "error_message"} <= fields  # what _check_lora reads
+    assert io_struct.LoadLoRAAdapterReqOutput is io_struct.UnloadLoRAAdapterReqOutput is io_struct.LoRAUpdateOutput
+
+
+def test_lora_requests_are_the_real_classes_and_generate_takes_the_adapter_name():
+    load = se.lora_load_request("areal-v3-3", "/dev/shm/adapter")
+    assert isinstance(load, io_struct.LoadLoRAAdapterReqInput)
+    assert (load.lora_name, load.lora_path, load.pinned) == ("areal-v3-3", "/dev/shm/adapter", False)
+    unload = se.lora_unload_request("areal-v3-3")
+    assert isinstance(unload, io_struct.UnloadLoRAAdapterReqInput) and unload.lora_name == "areal-v3-3"
+    assert "lora_path" in inspect.signature(Engine.async_generate).parameters
+    assert "lora_path=lora_path" in inspect.getsource(Engine.async_generate)
+    obj = io_struct.GenerateReqInput(input_ids=[1, 2], sampling_params={}, lora_path="areal-v3-3")
+    obj.normalize_batch_and_arguments()
+    assert obj.lora_path == "areal-v3-3"  # one request: its adapter's name, as we sent it
+
+
+def test_sglang_reads_our_peft_directory(tmp_path):
+    """What `load_lora_adapter` reads at the path we give: sglang's LoRAConfig takes our
+    adapter_config.json, and every tensor name carries its layer and lora_A / lora_B
+    where sglang's loader looks for them."""
+    from safetensors.torch import load_file
+    from sglang.srt.layers.utils import get_layer_id
+    from sglang.srt.lora.lora_config import LoRAConfig
+
+    from areal_ray.rollout.engines.adapters import write_peft_dir
+    from areal_ray.weights.adapter import Adapter
+    from areal_ray.weights.payloads import AdapterMeta
+    meta = AdapterMeta("tiny", "", 4, 8.0, 2.0, ("q_proj", "down_proj"))
+    tensors = {f"model.layers.{i}.{m}.{h}": torch.zeros(4, 4)
+               for i in (0, 1) for m in ("self_attn.q_proj", "mlp.down_proj") for h in ("lora_A", "lora_B")}
+    path = write_peft_dir(Adapter(meta, tensors), tmp_path / "adapter")
+    cfg = LoRAConfig(str(path))
+    assert (cfg.r, cfg.lora_alpha, sorted(cfg.target_modules)) == (4, 8.0, ["down_proj", "q_proj"])
+    assert not cfg.use_dora and cfg.lora_added_tokens_size == 0
+    names = list(load_file(str(path / "adapter_model.safetensors")))
+    assert sorted(get_layer_id(n) for n in names) == [0] * 4 + [1] * 4
+    assert sum("lora_A" in n for n in names) == sum("lora_B" in n for n in names) == 4
+
+
+def test_each_load_is_a_new_cache_key_and_an_unload_waits_for_its_requests():
+    """Why a new name per version never reuses a prefix cached under an older adapter:
+    every load makes a LoRARef with a fresh lora_id, which a request's radix-cache key
+    ends with. And sglang's registry makes an unload wait for the requests that use
+    the adapter: ours only unloads an adapter none of our requests uses."""
+    from sglang.srt.lora.lora_registry import LoRARef, LoRARegistry
+    assert LoRARef(lora_name="a", lora_path="/p").lora_id != LoRARef(lora_name="a", lora_path="/p").lora_id
+    from sglang.srt.managers.schedule_batch import Req
+    src = inspect.getsource(Req.__init__)
+    assert ") + lora_id  # lora_id is concatenated to the extra key" in src
+    assert "self.extra_key = extra_key" in src
+
+    async def scenario():
+        registry = LoRARegistry()
+        ref = LoRARef(lora_name="areal-v1-1", lora_path="/p")
+        await registry.register(ref)
+        lora_id = await registry.acquire("areal-v1-1")  # a request starts under it
+        assert lora_id == ref.lora_id
+        await registry.unregister("areal-v1-1")
+        unload = asyncio.ensure_future(registry.wait_for_unload(lora_id))
+        await asyncio.sleep(0.05)
+        waited = not unload.done()
+        await registry.release(lora_id)  # the request ended
+        await asyncio.wait_for(unload, 5)
+        return waited
+
+    assert asyncio.run(scenario())

@@ -142,14 +142,18 @@ def test_a_users_workflow_that_rejects_rows_trains_every_step(ray_cluster, embed
     assert all(s["staleness_max"] <= 1 for s in steps)
 
 
-@pytest.mark.parametrize("backend,atol", [("hf", 1e-4), ("vllm", 1e-3)])
+@pytest.mark.parametrize("backend,atol,extra", [
+    ("hf", 1e-4, ["weights.path=collective", "rollout.lora_push=pause"]),
+    ("vllm", 1e-3, ["rollout.lora_push=finish"])])
 def test_a_lora_run_pushes_only_the_adapter_and_every_replica_passes_the_probe(
-        ray_cluster, embedded_model, tmp_path, backend, atol):
+        ray_cluster, embedded_model, tmp_path, backend, atol, extra):
     """conf/quickstart_lora.yaml through the real job on each engine that serves
-    adapters: every push is the rank-4 adapter alone, staleness stays within eta, and
-    each replica's load probe matches the trainer's (weights/probe.py)."""
+    adapters: every push is the rank-4 adapter alone (hf: broadcast over the gloo
+    group; vllm: shm, running requests finishing under the adapter they started with),
+    staleness stays within eta, and each replica's load probe matches the trainer's
+    (weights/probe.py)."""
     cfg = load_config("conf/quickstart_lora.yaml", [
-        f"model.path={embedded_model}", f"rollout.backend={backend}", "model.lora.rank=4",
+        *extra, f"model.path={embedded_model}", f"rollout.backend={backend}", "model.lora.rank=4",
         "model.lora.alpha=8", "algo.eta=1", f"algo.batch_groups={B}", "train.steps=3",
         "rollout.group_size=4", "rollout.max_new_tokens=32", "run.eval_before=false",
         "task.n_eval=8", f"run.run_dir={tmp_path / 'run'}",
@@ -160,6 +164,9 @@ def test_a_lora_run_pushes_only_the_adapter_and_every_replica_passes_the_probe(
     # 3 layers x (4 x 4 x (128 + 128) + 3 x 4 x (128 + 384)) float32 parameters
     adapter_bytes = 3 * (4 * 4 * 256 + 3 * 4 * 512) * 4
     assert all(s["push_bytes"] == adapter_bytes and s["staleness_max"] <= 1 for s in steps)
+    assert {s["push_path"] for s in steps} == {"collective" if backend == "hf" else "shm"}
+    if backend == "vllm":  # finish: a push interrupts nothing, so nothing is resubmitted
+        assert sum(s["resubmits"] for s in steps) == 0
     assert all(0 <= s["probe_max_diff"] <= atol for s in steps)
     # A step whose batch had no signal (every group's rewards equal: zero advantages,
     # grad_norm 0) leaves the adapter as it was, and its probe with it (probe_signal

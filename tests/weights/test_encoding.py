@@ -307,12 +307,33 @@ def test_the_rendezvous_store_listens_on_the_given_address_only():
     import torch.distributed as dist
 
     from areal_ray.weights.group import WeightGroup
-    store, sock = WeightGroup.serve("127.0.0.1", 10)
+    store, port = WeightGroup.serve("127.0.0.1", 10)
+    client = dist.TCPStore("127.0.0.1", port, None, False,
+                           datetime.timedelta(seconds=10), wait_for_workers=False)
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+    # the kernel's table of listening sockets (state 0A): this port, on 127.0.0.1 only
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    listening = {r[1] for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port}
+    assert listening == {f"0100007F:{port:04X}"}
+
+
+def test_the_store_closes_its_socket_once():
+    """The store owns the listening socket: dropping it closes the descriptor, and
+    nothing closes that number again later (which would close whatever reused it)."""
+    import gc
+    import os
+
+    from areal_ray.weights.group import WeightGroup
+    store, rest = WeightGroup.serve("127.0.0.1", 10)
+    del store
+    gc.collect()
+    r, w = os.pipe()  # takes the lowest free numbers: the store's, if it closed it
     try:
-        assert sock.getsockname()[0] == "127.0.0.1"
-        client = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, False,
-                               datetime.timedelta(seconds=10), wait_for_workers=False)
-        client.set("k", "v")
-        assert store.get("k") == b"v"
+        del rest  # all that serve() returned is gone: nothing may close `r` now
+        gc.collect()
+        os.fstat(r)
+        os.fstat(w)
     finally:
-        sock.close()
+        os.close(r)
+        os.close(w)

@@ -81,6 +81,42 @@ def test_every_path_delivers_bit_identical_weights(rollout, embedded_model, tmp_
         assert {v for v in replica_digests(handle, 1).values()} == {(version, digest(model.state_dict()))}
 
 
+@pytest.mark.parametrize("rollout", [1], indirect=True)
+def test_every_path_delivers_a_bit_identical_adapter(rollout, embedded_model, tmp_path):
+    """model.lora: each path carries the adapter alone (an `AdapterPayload` of the base,
+    at the push's version), and the replica's hf engine then serves exactly the merged
+    model the trainer's exports hold (weights/adapter.py: merged_state)."""
+    from areal_ray.config import LoraConfig
+    from areal_ray.train.lora import adapter_meta, adapter_state, apply_lora
+    from areal_ray.weights.adapter import Adapter, merged_state
+    driver, handle, _ = rollout
+    model = AutoModelForCausalLM.from_pretrained(embedded_model)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    lora = LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "down_proj"])
+    model = apply_lora(model, lora)
+    meta = adapter_meta(model, lora, embedded_model, "float32")
+    adapter_bytes = sum(v.numel() * 4 for v in adapter_state(model).values())
+    paths = [("collective", "collective"), ("object_store", "object_store"), ("disk", "disk"),
+             ("shm", "shm"), ("auto", "shm"), ("collective", "collective")]
+    for version, (path, expected) in enumerate(paths, start=1):
+        g = torch.Generator().manual_seed(version)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:  # the adapter's: a step of the trainer
+                    p.add_(0.01 * torch.randn(p.shape, generator=g))
+        pusher = WeightPusher(WeightsConfig(path=path, bucket_mb=1, timeout_s=10.0), driver, 0,
+                              str(tmp_path / "weights"), adapter=meta)
+        try:
+            weights, stats = pusher.push(model, version)
+        finally:
+            pusher.close()
+        assert stats["push_path"] == expected and stats["replicas"] == 1, (path, stats)
+        assert stats["push_bytes"] == adapter_bytes and weights.keys() == adapter_state(model).keys()
+        want = digest(merged_state(base, Adapter(meta, weights)))
+        assert set(replica_digests(handle, 1).values()) == {(version, want)}, path
+    assert want != digest(base)
+
+
 @pytest.mark.parametrize("rollout", [2], indirect=True)
 def test_a_dead_replica_is_dropped_and_a_restarted_one_catches_up(rollout, embedded_model, tmp_path):
     driver, handle, app = rollout

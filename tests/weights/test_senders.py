@@ -18,7 +18,7 @@ class Driver:
     def __init__(self, plan):
         self.plan, self.published = plan, []
         reply = {"load_s": 0.0, "replicas": 1, "dropped": []}
-        self.begin_push = self._call(lambda version, specs, bucket: self.plan)
+        self.begin_push = self._call(lambda version, specs, bucket, adapter=None: self.plan)
         self.push_weights = self._call(lambda version, payload: self._got(payload, reply))
         self.fallback_push = self._call(lambda version, payload: self._got(payload, reply))
         self.set_weight_store = self._call(lambda host, port: None)
@@ -40,8 +40,7 @@ class DeadGroup:
 
     @staticmethod
     def serve(host, timeout_s):
-        import socket
-        return object(), socket.socket()
+        return object(), 0
 
     def send(self, tensors, specs, bucket_bytes):
         next(iter(tensors))  # the first bucket was being filled

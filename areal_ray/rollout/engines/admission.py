@@ -21,6 +21,13 @@ first version decided from "was the gate open when the swap began", so after one
 failed load every later swap found it closed and never reopened: the replica stayed
 paused for good.)
 
+A swap in `FINISH` mode (an adapter push on an engine that serves several adapters at
+once) closes the gate only around the load, and neither aborts nor waits for the
+running requests: they go on under the adapter and the version they were admitted
+with, and requests admitted after it get the new ones. Closing the gate still matters:
+the load switches the adapter new requests get, and the version must switch with it,
+with no admission in between.
+
 Pure asyncio: the engine supplies how to abort its running requests and how to load
 weights; unit tests drive the gate with no engine at all.
 """
@@ -33,7 +40,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from areal_ray.rollout.engines.base import InferenceEngine, check_pause_mode
+from areal_ray.rollout.engines.base import FINISH, InferenceEngine, check_pause_mode
 
 # abort(request_ids): end these requests now; each returns its partial output.
 AbortFn = Callable[[list[str]], Awaitable[None]]
@@ -121,12 +128,16 @@ class AdmissionGate:
     async def swap(self, version: int, mode: str, load: Callable[[], Awaitable[object]],
                    abort: AbortFn) -> dict:
         """pause(mode), await `load()`, serve `version`, reopen unless the caller holds the gate.
+        `FINISH`: close the gate for the load alone; running requests go on (see above).
 
         A failed load (or one cancelled half way) leaves the gate closed and sets `failed`.
         """
         async with self._update_lock:
             t0 = time.perf_counter()
-            await self.pause(mode, abort)
+            if mode == FINISH:
+                self._open.clear()
+            else:
+                await self.pause(mode, abort)
             t_paused = time.perf_counter()
             try:
                 await load()

@@ -35,6 +35,11 @@ STOP_REASONS = ("stop", "length", "abort")
 # "abort" ends them now with their partial output (interruptible rollout);
 # "wait" lets them finish first and holds new ones back (wait-for-finish).
 PAUSE_MODES = ("abort", "wait")
+# An adapter push (`update_adapter`) may also "finish": running requests go on under the
+# adapter they were admitted with while new ones get the new one, with no pause at
+# all. Only an engine that serves several adapters side by side can (VLLMEngine);
+# `rollout.lora_push` chooses (config/rollout.py).
+FINISH = "finish"
 
 
 @dataclass
@@ -94,8 +99,11 @@ class EngineOptions:
     release_memory: bool = False
     owner: str = ""  # the job's tag: names the weight files an engine loads from
     # model.lora.rank when adapters are pushed (0: none). vLLM reserves its LoRA slots
-    # at construction; HFEngine merges any adapter into its weights and needs nothing.
+    # at construction (`lora_slots` adapters at once); HFEngine merges any adapter into
+    # its weights and needs neither.
     lora_rank: int = 0
+    lora_slots: int = 2
+    lora_targets: tuple[str, ...] = ()  # model.lora.target_modules (sglang reserves them)
 
 
 class InferenceEngine(ABC):
@@ -150,7 +158,8 @@ class InferenceEngine(ABC):
     async def update_adapter(self, adapter, version: int, mode: str = "abort") -> dict:
         """As `update_weights`, for a LoRA adapter (`weights.adapter.Adapter`, `model.lora`):
         the adapted modules' weights become base + (B @ A) * scaling, always from the base
-        weights the engine loaded, never on top of the previous adapter."""
+        weights the engine loaded, never on top of the previous adapter. `mode` is a
+        pause mode, or `FINISH` where the engine serves several adapters at once."""
         raise NotImplementedError(f"{type(self).__name__} cannot apply a LoRA adapter")
 
     async def score(self, ids: list[int]) -> list[float]:

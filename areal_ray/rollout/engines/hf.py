@@ -292,15 +292,15 @@ class HFEngine(InferenceEngine):
                              f"unexpected {unexpected[:5]}")
 
     async def score(self, ids: list[int]) -> list[float]:
-        """The probe's logprobs: one unpadded forward beside the scheduler's, reading the
-        model without changing it (`shared_model_logprobs`: the trainer's projection and
-        log-softmax on the decoder's hidden states), so the same weights give the same bits."""
+        """The probe's logprobs: one unpadded forward beside the scheduler's (read-only:
+        the model's head is not patched under the scheduler's forwards), the trainer's
+        `token_logprobs` bit for bit, so the same weights give the same bits."""
         from areal_ray.algo.logprobs import shared_model_logprobs
 
         def forward():
             x = torch.tensor([list(ids)], device=self.device)
             with torch.no_grad():
-                return shared_model_logprobs(self.model, x)[0].float().tolist()
+                return shared_model_logprobs(self.model, x, torch.ones_like(x), 1.0)[0].float().tolist()
         return await asyncio.to_thread(forward)
 
     async def weights_digest(self) -> dict:

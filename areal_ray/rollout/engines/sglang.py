@@ -91,6 +91,19 @@ request that has not reached it; either way that request would run to its end. S
 the drain re-sends `abort_all` every ABORT_RETRY_S (with our gate closed every
 request inside sglang is one we are draining).
 
+LoRA (`model.lora`, `update_adapter`: adapters.py says how pushed adapters are served).
+Built with `lora_rank`, the engine runs with sglang's LoRA on (`lora_server_args`:
+`enable_lora`, `max_lora_rank`, the targets, `max_loras_per_batch` of the adapters
+in use at once plus a base-only slot) and serves each pushed adapter under its own
+name: written in peft's format and loaded with `TokenizerManager.load_lora_adapter`
+before the pause, passed by name as each request's `lora_path`, unloaded with
+`unload_lora_adapter` once no request of ours uses it. sglang keys its radix cache by
+the adapter's `lora_id` (a fresh uuid per load), so no prefix cached under another
+adapter is reused. Like vLLM, sglang adds the low-rank term apart from the base
+matmul: not bit for bit the trainer's merged model. Not run on a GPU here: the
+contract tier checks the calls, the request structs and that sglang's own LoRA
+config reader takes our directory.
+
 `tests/contract/` checks these calls against the real sglang wheel (`make test-contract`).
 
 Read against sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
@@ -115,6 +128,7 @@ from collections.abc import AsyncIterable, Iterable, Mapping
 
 import torch
 
+from areal_ray.rollout.engines.adapters import PAUSED_PUSH_SLOTS, AdapterServing
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
@@ -256,15 +270,43 @@ def _check(result, what: str) -> None:
         raise RuntimeError(f"sglang {what} failed: {result[1]}")
 
 
+def lora_server_args(rank: int, targets, slots: int = PAUSED_PUSH_SLOTS) -> dict:
+    """Server args for serving pushed adapters of `rank` on `targets` (none when 0: LoRA
+    off), `slots` of them in use at once. sglang counts a base-only request as one of
+    `max_loras_per_batch` (requests before the first push run on the base)."""
+    if rank <= 0:
+        return {}
+    return dict(enable_lora=True, max_lora_rank=rank, lora_target_modules=sorted(set(targets)),
+                max_loras_per_batch=slots + 1)
+
+
+def lora_load_request(name: str, path: str):
+    return io_struct.LoadLoRAAdapterReqInput(lora_name=name, lora_path=path)
+
+
+def lora_unload_request(name: str):
+    return io_struct.UnloadLoRAAdapterReqInput(lora_name=name)
+
+
+def _check_lora(out, what: str) -> None:
+    # TokenizerManager's LoRA calls answer a LoRAUpdateOutput (success, error_message).
+    if not out.success:
+        raise RuntimeError(f"sglang {what} failed: {out.error_message}")
+
+
 # ----------------------------------------------------------------- the engine
-class SGLangEngine(GatedEngine):
+class SGLangEngine(AdapterServing, GatedEngine):
     streams_buckets = True  # a broadcast goes into sglang bucket by bucket
+    engine_name = "sglang"  # names its adapter directories
 
     def __init__(self, model_path: str, version: int = 0,
                  mem_fraction_static: float | None = MEM_FRACTION_STATIC, dtype: str = "bfloat16",
-                 enable_memory_saver: bool = False, **engine_kwargs):
+                 enable_memory_saver: bool = False, lora_rank: int = 0,
+                 lora_targets: tuple[str, ...] = (), lora_slots: int = PAUSED_PUSH_SLOTS,
+                 owner: str = "", **engine_kwargs):
         """`enable_memory_saver` turns on sglang's memory saver, which `release_memory`
-        needs (it costs little: sglang then allocates weights and KV cache through it)."""
+        needs (it costs little: sglang then allocates weights and KV cache through it).
+        `lora_rank` > 0 (model.lora) serves pushed adapters on `lora_targets`."""
         if sgl is None:
             raise ImportError("SGLangEngine needs sglang, which runs on GPU machines only: "
                               "pip install -r requirements-gpu.txt (instead of requirements.txt)")
@@ -274,6 +316,7 @@ class SGLangEngine(GatedEngine):
                              "trainer needs those of the distribution sampled from. Unset it.")
         if enable_memory_saver:
             engine_kwargs["enable_memory_saver"] = True
+        engine_kwargs = {**lora_server_args(lora_rank, lora_targets, lora_slots), **engine_kwargs}
         self.engine = sgl.Engine(model_path=model_path, dtype=dtype,
                                  mem_fraction_static=mem_fraction_static,
                                  skip_tokenizer_init=True, **engine_kwargs)
@@ -287,13 +330,17 @@ class SGLangEngine(GatedEngine):
         self._session_open = False  # a weight-update session may be open in sglang
         self._released = False  # sglang's GPU memory is released (release_memory)
         self._reopen_after_load = False  # resumed without the weights: the next load reopens
+        self.model_path, self.dtype, self.owner = model_path, dtype, owner  # adapters' base check
+        self._init_lora()
 
     @classmethod
     def from_options(cls, model_path: str, opts: EngineOptions) -> SGLangEngine:
         kwargs = dict(opts.engine_kwargs)
         if opts.release_memory:  # the memory saver is chosen when the engine is built
             kwargs.setdefault("enable_memory_saver", True)
-        return cls(model_path, dtype=opts.dtype, **kwargs)
+        return cls(model_path, dtype=opts.dtype, lora_rank=opts.lora_rank,
+                   lora_targets=opts.lora_targets, lora_slots=opts.lora_slots,
+                   owner=opts.owner, **kwargs)
 
     @property
     def _tm(self):
@@ -315,13 +362,19 @@ class SGLangEngine(GatedEngine):
                            "enable_deterministic_inference=true: sampling is not reproducible")
         # sglang aborts by rid prefix; the gate's ids start with a fresh uuid.
         async with self.gate.admitted(budget, req.rid) as (rid, version):
+            lora_id = self.slots.acquire()  # no await since admission: `version`'s adapter
             try:
                 out = await self.engine.async_generate(
                     input_ids=list(req.input_ids), sampling_params=sampling_params(req),
-                    return_logprob=True, logprob_start_len=-1, rid=rid)
+                    return_logprob=True, logprob_start_len=-1, rid=rid,
+                    lora_path=self._lora.get(lora_id))
             except asyncio.CancelledError:
                 self._tm.abort_request(rid=rid)  # the caller is gone: free the GPU work
                 raise
+            finally:
+                self.slots.release(lora_id)
+        if lora_id is not None and lora_id != self.slots.current:
+            await self._unload_unused()  # the last request of an older adapter may be this
         res = parse_output(out, version, budget, req.rid)
         self._stats["tokens"] += len(res.output_ids)
         self._stats["aborted_requests"] += res.stop_reason == "abort"
@@ -337,7 +390,7 @@ class SGLangEngine(GatedEngine):
         serialization happen before the pause, off the event loop, while generation goes on."""
         obj = await asyncio.to_thread(tensor_update_request, state_dict, version,
                                       self._tp_size, self.torch_dtype)
-        return await self._update(version, mode, lambda: self._in_session(
+        return await self._update_weights(version, mode, lambda: self._in_session(
             lambda: self._load_tensors(obj)))
 
     async def update_weights_from_buckets(
@@ -356,7 +409,7 @@ class SGLangEngine(GatedEngine):
                 del bucket, obj
 
         try:
-            return await self._update(version, mode, lambda: self._in_session(load))
+            return await self._update_weights(version, mode, lambda: self._in_session(load))
         finally:  # a load that failed half way leaves a receiver's broadcast to close
             if hasattr(buckets, "aclose"):
                 await buckets.aclose()
@@ -367,7 +420,34 @@ class SGLangEngine(GatedEngine):
             _check(await self._tm.update_weights_from_disk(disk_update_request(path, version), None),
                    "update_weights_from_disk")
             await self._flush_cache()
-        return await self._update(version, mode, load)
+        return await self._update_weights(version, mode, load)
+
+    async def _update_weights(self, version: int, mode: str, load) -> dict:
+        """`_update` of full weights: no adapter serves after them (adapters.py)."""
+        async def plain():
+            self._serve_plain_weights()
+            await load()
+        info = await self._update(version, mode, plain)
+        await self._unload_unused()
+        return info
+
+    # ----------------------------------------------------------------- LoRA hooks
+    def _check_lora_enabled(self) -> None:
+        if not getattr(self.engine.server_args, "enable_lora", False):
+            raise RuntimeError("this sglang engine was built without LoRA: the replica passes "
+                               "model.lora.rank as lora_rank (enable_lora)")
+
+    async def _add_lora(self, lora_id: int, name: str, path) -> str:
+        _check_lora(await self._tm.load_lora_adapter(lora_load_request(name, str(path)), None),
+                    "load_lora_adapter")
+        return name  # requests name the adapter by it (`lora_path`)
+
+    async def _remove_lora(self, lora_id: int, name) -> None:
+        _check_lora(await self._tm.unload_lora_adapter(lora_unload_request(name), None),
+                    "unload_lora_adapter")
+
+    async def _activate(self, version: int, mode: str, activate) -> dict:
+        return await self._update(version, mode, activate)
 
     async def _load_tensors(self, obj) -> None:
         _check(await self._tm.update_weights_from_tensor(obj, None), "update_weights_from_tensor")
@@ -490,3 +570,4 @@ class SGLangEngine(GatedEngine):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        self._remove_lora_dirs()

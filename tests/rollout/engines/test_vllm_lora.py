@@ -6,9 +6,11 @@ read back by peft and by vLLM's own reader); then one real engine with LoRA enab
 two pushed adapters each change the outputs and match the merged model's teacher-forced
 logprobs (vLLM's LoRA kernels add the low-rank term apart from the base matmul, so not
 bit for bit: the bound is measured), each version gets a new adapter id and the old
-one is unloaded, a request in flight across a push keeps exact per-token versions, an
-adapter of another base is refused with the served one untouched, and a full push
-takes the engine back to plain weights.
+one is unloaded, a request in flight across a push keeps exact per-token versions
+(resumed under the new adapter; or, with rollout.lora_push=finish, run to its end
+under the adapter it started with beside requests under newer ones, with no prefix
+reused across adapters), an adapter of another base is refused with the served one
+untouched, and a full push takes the engine back to plain weights.
 """
 
 import asyncio
@@ -19,15 +21,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from areal_ray.rollout.engines.base import GenerationRequest
-from areal_ray.rollout.engines.vllm import VLLMEngine, engine_args
-from areal_ray.rollout.engines.vllm_lora import (
+from areal_ray.rollout.engines.adapters import (
     AdapterSlots,
-    lora_engine_args,
-    max_lora_rank,
+    lora_slots,
     peft_adapter_config,
     write_peft_dir,
 )
+from areal_ray.rollout.engines.base import GenerationRequest
+from areal_ray.rollout.engines.vllm import VLLMEngine, engine_args
+from areal_ray.rollout.engines.vllm_lora import lora_engine_args, max_lora_rank
 from areal_ray.rollout.interruptible import generate_interruptible
 from areal_ray.weights.adapter import Adapter, base_digest, merged_state
 from areal_ray.weights.payloads import AdapterMeta
@@ -71,6 +73,9 @@ def test_engine_args_enable_lora_only_when_asked():
                        prefix_caching=True, seed=None, extra={}, lora_rank=4)
     assert (args["enable_lora"], args["max_lora_rank"], args["max_loras"]) == (True, 8, 2)
     vllm.engine.arg_utils.AsyncEngineArgs(**args)  # every key is one of vLLM's
+    # rollout.lora_push=finish: the versions of eta + 1 steps, and the next one
+    assert lora_slots(eta=2, finish=True) == 4 and lora_slots(eta=2, finish=False) == 2
+    assert lora_engine_args(4, 4)["max_cpu_loras"] == 4
 
 
 # (step, expected unused ids after it): the adapter-id life of a push sequence
@@ -142,7 +147,9 @@ def test_the_adapter_directory_is_peft_format(hf_model, tmp_path):
 @pytest.fixture(scope="module")
 def vllm_lora_engine(embedded_model):
     """The real engine with LoRA slots (engine tier: ENGINE_FIXTURES in tests/conftest.py)."""
-    eng = VLLMEngine(embedded_model, max_batch_size=8, kv_cache_mb=64, lora_rank=RANK)
+    # 3 slots: a finish push has requests under two adapters and the next one added
+    eng = VLLMEngine(embedded_model, max_batch_size=8, kv_cache_mb=64, lora_rank=RANK,
+                     lora_slots=3)
     yield eng
     eng.shutdown()
 
@@ -271,6 +278,49 @@ def test_a_request_in_flight_keeps_exact_versions_across_an_adapter_push(vllm_lo
     assert (under(adapter)[k:] - beh[k:]).abs().max() < LORA_ATOL
     assert (under(old)[:k] - beh[:k]).abs().max() < LORA_ATOL  # earlier tokens: the old version's
     assert engine.adapters()["loaded"] == [engine.adapters()["current"]]  # the old id is gone
+
+
+def merged_model(engine, hf_model, a: Adapter):
+    model = AutoModelForCausalLM.from_pretrained(engine.model_path).eval()
+    model.load_state_dict(merged_state(hf_model.state_dict(), a))
+    return model
+
+
+def test_with_finish_a_request_in_flight_ends_under_the_adapter_it_started_with(
+        vllm_lora_engine, hf_model):
+    """rollout.lora_push=finish: the push aborts nothing; the running request's every
+    token is the old version's, computed by the old adapter, while a request admitted
+    after the push (same prompt: its blocks were cached under the old adapter) is the
+    new adapter's from its first token; the old id goes once its last request ends."""
+    engine = vllm_lora_engine
+    old, new = make_adapter(hf_model, seed=40), make_adapter(hf_model, seed=41)
+    run(engine.update_adapter(old, engine.version + 1))
+    start, old_id = engine.version, engine.adapters()["current"]
+
+    async def gen(ids, n, temperature):
+        res = await engine.generate(GenerationRequest(ids, n, temperature, ignore_eos=True))
+        return res.to_dict()
+
+    async def scenario():
+        task = asyncio.ensure_future(generate_interruptible(gen, PROMPT, 200, 1.0))
+        while engine.load()["running"] == 0:
+            await asyncio.sleep(0.005)
+        await engine.update_adapter(new, start + 1, "finish")
+        during = engine.adapters()
+        fresh = await engine.generate(GenerationRequest(PROMPT, 24, 1.0, ignore_eos=True))
+        return await task, during, fresh
+
+    sample, during, fresh = run(scenario())
+    new_id = during["current"]
+    assert new_id != old_id and during["users"] == {old_id: 1}  # still running after the push
+    assert sample.n_resubmits == 0 and sample.versions == [start] * 200
+    beh = torch.tensor(sample.logprobs)
+    assert (teacher_forced(merged_model(engine, hf_model, old), PROMPT, sample.output_ids)
+            - beh).abs().max() < LORA_ATOL
+    assert fresh.versions == [start + 1] * 24
+    want = teacher_forced(merged_model(engine, hf_model, new), PROMPT, fresh.output_ids)
+    assert (want - torch.tensor(fresh.logprobs)).abs().max() < LORA_ATOL
+    assert engine.adapters() == {"current": new_id, "loaded": [new_id], "users": {}}
 
 
 def test_an_adapter_of_another_base_is_refused_and_the_served_one_stays(vllm_lora_engine,
