@@ -26,6 +26,16 @@ within minutes on a CPU: the agentic-rollout counterpart of the arithmetic task'
 The reward is the ordinary `math` verifier on the decoded output (its last
 `\\boxed{}`); the tool-result tokens are in the output it reads, which does not
 matter: only the box is graded. Everything is generated from a seed.
+
+Agent frameworks call the calculator as a function tool through the OpenAI endpoint,
+so their model writes a real model family's call format instead (HermesCalls below,
+artifacts/tiny-agents, conf/agents_sdk.yaml):
+
+    <tools>calc</tools>\\n4821+3907=<tool_call>\\n{"name": "calc", "arguments": {"expr":
+    "4821+3907"}}\\n</tool_call></s><tool_response>\\n8728\\n</tool_response>\\n\\boxed{8728}
+
+the prompt and the result rendered by the `hermes` char tokenizer's chat template, the
+call parsed by the endpoint's parser. Same problems, same held-out set, same reward.
 """
 
 from __future__ import annotations
