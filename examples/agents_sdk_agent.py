@@ -21,14 +21,23 @@ export to OpenAI's platform).
 
 from __future__ import annotations
 
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    ModelBehaviorError,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    Runner,
+    function_tool,
+)
+
 from areal_ray.task.tool_arith import calc
 
 MODEL = "policy"  # the endpoint serves the run's model under any name
 MAX_TOOL_CALLS = 4
 
 
-def build_agent(client):
-    from agents import Agent, OpenAIChatCompletionsModel, function_tool
+def build_agent(client) -> Agent:
     # No instructions (they would be a system message the tiny model never saw) and no
     # model settings: temperature and max_tokens are the episode's (the session's defaults).
     return Agent(name="calculator", tools=[function_tool(calc)],
@@ -39,7 +48,6 @@ async def agents_sdk_agent(client, row: dict) -> str | None:
     """Answer `row["prompt"]`; the final output (holding `\\boxed{...}`) is what the
     reward checker grades. A model that keeps calling tools past MAX_TOOL_CALLS, or calls
     one the agent does not have, answered wrong: "" (reward 0; its calls still train)."""
-    from agents import MaxTurnsExceeded, ModelBehaviorError, RunConfig, Runner
     try:
         result = await Runner.run(build_agent(client), str(row["prompt"]), max_turns=MAX_TOOL_CALLS + 1,
                                   run_config=RunConfig(tracing_disabled=True))
