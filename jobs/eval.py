@@ -66,8 +66,9 @@ def run_eval(cfg) -> dict:
     metrics = {"greedy_pass@1": greedy["accuracy"],
                **{f"sampled_pass@{k}": sampled[f"pass@{k}"] for k in ks},
                "mean_len_greedy": greedy["mean_len"], "mean_len_sampled": sampled["mean_len"]}
-    if "tool_use_rate" in greedy:  # a tool or agent workflow: how often the greedy answers used tools
-        metrics["tool_use_rate_greedy"] = greedy["tool_use_rate"]
+    for name, got in (("greedy", greedy), ("sampled", sampled)):
+        if "tool_use_rate" in got:  # a tool or agent workflow: how often its answers used tools
+            metrics[f"tool_use_rate_{name}"] = got["tool_use_rate"]
     report = {"model": model_path, "problems": len(rows), "k": cfg.eval.k,
               "temperature": cfg.eval.temperature, **metrics,
               "eval_s": greedy["eval_s"] + sampled["eval_s"]}

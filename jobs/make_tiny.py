@@ -2,10 +2,13 @@
 
     python -m jobs.make_tiny [out=artifacts/tiny] [sft_steps=...] [hidden_size=...]
     python -m jobs.make_tiny task=tool_arith out=artifacts/tiny-tools
+    python -m jobs.make_tiny task=tool_arith_hermes out=artifacts/tiny-agents
     python -m jobs.make_tiny task=chain_arith out=artifacts/tiny-chains
 
 `task` picks the warm start and its defaults (tiny_model.SPECS: `arith`, the
-quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml; `chain_arith`,
+quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml;
+`tool_arith_hermes`, the same task in Hermes / Qwen's `<tool_call>` format for agent
+frameworks (conf/agents_sdk.yaml), which starts from artifacts/tiny-tools; `chain_arith`,
 the long-chain model of conf/longtail.yaml, which starts from artifacts/tiny); every other
 key is a field of that spec.
 
@@ -23,7 +26,7 @@ from omegaconf import OmegaConf
 from areal_ray.task.tiny_model import SPECS, build_tiny
 
 DEFAULT_OUT = {"arith": "artifacts/tiny", "tool_arith": "artifacts/tiny-tools",
-               "chain_arith": "artifacts/tiny-chains"}
+               "tool_arith_hermes": "artifacts/tiny-agents", "chain_arith": "artifacts/tiny-chains"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,6 +74,7 @@ from deployments.rollout import DEPLOYMENT_NAME, build_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_MODELS = {"artifacts/tiny": "arith", "artifacts/tiny-tools": "tool_arith",
+                   "artifacts/tiny-agents": "tool_arith_hermes",
                    "artifacts/tiny-chains": "chain_arith"}  # path: task
 TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
 FIT_GONE_S = 60.0  # how long a failed job waits for its trainer to stop

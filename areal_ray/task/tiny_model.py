@@ -33,8 +33,9 @@ from areal_ray.task.tokenizer import load_tokenizer, save_char_tokenizer
 
 @dataclass
 class TinyModelSpec:
-    task: str = "arith"           # which warm start (WARM_STARTS): arith | tool_arith | chain_arith
+    task: str = "arith"           # which warm start (WARM_STARTS): arith | tool_arith | tool_arith_hermes | chain_arith
     init_from: str = ""           # start from this model's weights (relative: to the repo root), else from scratch
+    tokenizer: str = "char"       # tokenizer.CHAR_TOKENIZERS: char | hermes (a wider alphabet: init_from's ids are kept)
     hidden_size: int = 128
     intermediate_size: int = 384
     num_hidden_layers: int = 3
@@ -58,10 +59,32 @@ class TinyModelSpec:
 class ToolModelSpec(TinyModelSpec):
     """The tool-use task's model (artifacts/tiny-tools): same dimensions, its own warm start."""
     task: str = "tool_arith"
+    call_format: str = "calc"     # tool_arith.call_format: calc | hermes
     sft_steps: int = 600
     sft_p_direct: float = 0.5
     habit_p_direct: float = 0.9
     habit_target_accuracy: float = 0.2
+
+
+@dataclass
+class AgentModelSpec(ToolModelSpec):
+    """The tool task for agent frameworks (artifacts/tiny-agents, conf/agents_sdk.yaml):
+    calls in Hermes / Qwen2.5's `<tool_call>{json}</tool_call>` format, rendered by the
+    `hermes` char tokenizer's chat template (tool_arith.HermesCalls), so the endpoint's
+    hermes parser turns them into `tool_calls`. It starts from artifacts/tiny-tools
+    (its ids are kept; the JSON characters are new rows), which already copies the sum
+    into a call and the result into the box: only the format is new."""
+    task: str = "tool_arith_hermes"
+    tokenizer: str = "hermes"
+    call_format: str = "hermes"
+    init_from: str = "artifacts/tiny-tools"
+    sft_steps: int = 300
+    # measured (128 dev problems, greedy): a 0.5 mix called the tool on 55% (accuracy 0.48),
+    # and 3 habit steps at 3e-4 then took it to 0; this 0.7 mix calls it on none (accuracy
+    # 0.000, 0.891 with the call forced): the greedy choice flips on all problems at once
+    sft_p_direct: float = 0.7
+    habit_lr: float = 1e-4
+    habit_check_every: int = 1
 
 
 @dataclass
@@ -102,7 +125,8 @@ class ChainModelSpec(TinyModelSpec):
     eval_max_new_tokens: int = 448
 
 
-SPECS = {"arith": TinyModelSpec, "tool_arith": ToolModelSpec, "chain_arith": ChainModelSpec}
+SPECS = {"arith": TinyModelSpec, "tool_arith": ToolModelSpec, "tool_arith_hermes": AgentModelSpec,
+         "chain_arith": ChainModelSpec}
 
 
 def qwen2_config(spec: TinyModelSpec, tok: PreTrainedTokenizerBase) -> Qwen2Config:
@@ -173,7 +197,7 @@ def _sft_step(model, opt, tok, batch, lr: float) -> float:
 class ArithWarmStart:
     """Worked chains in phase 1, bare answers in phase 2 (areal_ray/task/arith.py)."""
 
-    def __init__(self, spec: TinyModelSpec):
+    def __init__(self, spec: TinyModelSpec, tok=None):
         self.spec = spec
 
     def dev(self) -> list:
@@ -194,27 +218,29 @@ class ArithWarmStart:
 class ToolWarmStart:
     """Calls and direct answers in phase 1, mostly direct answers in phase 2
     (areal_ray/task/tool_arith.py); accuracy is multi-turn greedy, the tool's result
-    appended after each call, as the rollout workflow does."""
+    appended after each call, as the rollout workflow does; in the spec's call format
+    (tool_arith.CalcCalls, HermesCalls)."""
 
-    def __init__(self, spec: TinyModelSpec):
+    def __init__(self, spec: ToolModelSpec, tok=None):
         self.spec = spec
+        self.fmt = tool_arith.call_format(spec.call_format, tok)
 
     def dev(self) -> list:
         return tool_arith.make_split(self.spec.seed + 7_000_000, self.spec.dev_size)
 
     def batch(self, rng: random.Random, p_direct: float) -> list:
         return tool_arith.examples(random.Random(rng.randrange(1 << 30)),
-                                   self.spec.sft_batch_size, p_direct)
+                                   self.spec.sft_batch_size, p_direct, self.fmt)
 
     def accuracy(self, model, tok, dev: list) -> float:
-        return tool_arith.tool_accuracy(model, tok, dev)[0]
+        return tool_arith.tool_accuracy(model, tok, dev, fmt=self.fmt)[0]
 
     def report(self, model, tok, dev: list) -> dict:
         """Greedy accuracy as it is (with its tool-use rate), with the tool forced,
         and with a direct answer forced: what the model can do either way."""
-        acc, rate = tool_arith.tool_accuracy(model, tok, dev)
-        forced = tool_arith.tool_accuracy(model, tok, dev, prefix=tool_arith.TOOL + "(")[0]
-        direct = tool_arith.tool_accuracy(model, tok, dev, prefix="\\boxed{")[0]
+        acc, rate = tool_arith.tool_accuracy(model, tok, dev, fmt=self.fmt)
+        forced = tool_arith.tool_accuracy(model, tok, dev, prefix=self.fmt.call_prefix, fmt=self.fmt)[0]
+        direct = tool_arith.tool_accuracy(model, tok, dev, prefix="\\boxed{", fmt=self.fmt)[0]
         return {"dev_tool_rate": rate, "dev_accuracy_tool_forced": forced,
                 "dev_accuracy_direct_forced": direct}
 
@@ -226,7 +252,7 @@ class ChainWarmStart:
     be trained as in an unsorted batch, with a fraction of the padding (a run of
     short chains costs little, so the build stays within minutes on two cores)."""
 
-    def __init__(self, spec: TinyModelSpec):
+    def __init__(self, spec: TinyModelSpec, tok=None):
         self.spec = spec
 
     def dev(self) -> list:
@@ -250,13 +276,14 @@ class ChainWarmStart:
         return {}
 
 
-WARM_STARTS = {"arith": ArithWarmStart, "tool_arith": ToolWarmStart, "chain_arith": ChainWarmStart}
+WARM_STARTS = {"arith": ArithWarmStart, "tool_arith": ToolWarmStart, "tool_arith_hermes": ToolWarmStart,
+               "chain_arith": ChainWarmStart}
 
 
 def sft(model, tok, spec: TinyModelSpec, log=print) -> dict:
     if spec.task not in WARM_STARTS:
         raise ValueError(f"task {spec.task!r} is not one of {sorted(WARM_STARTS)}")
-    task = WARM_STARTS[spec.task](spec)
+    task = WARM_STARTS[spec.task](spec, tok)
     rng = random.Random(spec.seed + 1)
     dev = task.dev()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
@@ -307,14 +334,16 @@ def build_tiny(out_dir: str | Path, spec: TinyModelSpec, log=print) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(spec.seed)
     t0 = time.time()
-    config = qwen2_config(spec, save_char_tokenizer(out_dir))
+    config = qwen2_config(spec, save_char_tokenizer(out_dir, spec.tokenizer))
     config.save_pretrained(str(out_dir))
     # The tokenizer as the readers of the model directory load it (the rollout
     # engines, the trainer): trained and checked with exactly those ids (tokenizer.py).
     tok = load_tokenizer(out_dir)
     model = AutoModelForCausalLM.from_config(config)
     if spec.init_from:
-        model.load_state_dict(_init_weights(spec.init_from, log).state_dict())
+        init = _init_weights(spec.init_from, log)
+        init.resize_token_embeddings(len(tok))  # a wider alphabet: its new characters get new rows
+        model.load_state_dict(init.state_dict())
     result = sft(model, tok, spec, log)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out_dir))

@@ -18,6 +18,17 @@ keeps its own tokenizer files.)
 Its chat template concatenates the messages' contents in order, with no role markers:
 a chat agent (deployments/openai_api.py) then produces exactly the token stream of a
 completion-style multi-turn workflow (prompt, model text, tool result, model text...).
+
+The `hermes` variant (CHAR_TOKENIZERS; artifacts/tiny-agents) is for agents that send
+`tools=` and read `tool_calls`: its alphabet adds what JSON needs (`"`, `[`, `]`, after
+the others, so every shared character keeps its id), and its template renders what
+Hermes / Qwen2.5 models read, without their role markers: the offered tools' names in
+`<tools>...</tools>`, an assistant's calls as `<tool_call>\n{"name": ..., "arguments":
+...}\n</tool_call>` (arguments by `tojson`, whose spacing is `json.dumps`'s, the
+spacing the warm start writes) and a tool's result as `<tool_response>\n...\n
+</tool_response>\n`. Rendered turn after turn, each prompt starts with the previous
+prompt + what the model wrote, which is what lets the endpoint's sessions
+(areal_ray/rollout/openai/sessions.py) chain the calls without re-encoding them.
 """
 
 from __future__ import annotations
@@ -32,11 +43,28 @@ ALPHABET = "0123456789+-*=,.:;()?\\{}abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a"}  # Ġ, Ċ: the alphabet's other characters are their own byte-level form
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+HERMES_ALPHABET = ALPHABET + '"[]'
+# `{{ "\n" }}`, not a newline: the template environment trims the newline after a tag.
+HERMES_CHAT_TEMPLATE = (
+    '{%- if tools -%}<tools>{%- for t in tools -%}'
+    '{{ t.function.name if t.function is defined else t.name }}{{ "," if not loop.last }}'
+    '{%- endfor -%}</tools>{{ "\\n" }}{%- endif -%}'
+    '{%- for m in messages -%}'
+    '{%- if m.role == "tool" -%}<tool_response>{{ "\\n" }}{{ m.content }}{{ "\\n" }}</tool_response>{{ "\\n" }}'
+    '{%- else -%}{{ m.content or "" }}'
+    '{%- for c in m.tool_calls or [] -%}<tool_call>{{ "\\n" }}{"name": {{ c.function.name | tojson }}, '
+    '"arguments": {{ c.function.arguments | tojson }}}{{ "\\n" }}</tool_call>{%- endfor -%}'
+    '{%- endif -%}{%- endfor -%}')
+# name: (alphabet, chat template)
+CHAR_TOKENIZERS = {"char": (ALPHABET, CHAT_TEMPLATE), "hermes": (HERMES_ALPHABET, HERMES_CHAT_TEMPLATE)}
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
+def build_char_tokenizer(variant: str = "char") -> PreTrainedTokenizerFast:
+    if variant not in CHAR_TOKENIZERS:
+        raise ValueError(f"tokenizer {variant!r} is not one of {sorted(CHAR_TOKENIZERS)}")
+    alphabet, chat_template = CHAR_TOKENIZERS[variant]
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK])}
-    for ch in ALPHABET:
+    for ch in alphabet:
         vocab.setdefault(BYTE_LEVEL.get(ch, ch), len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -45,11 +73,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
-        padding_side="left", clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE)
+        padding_side="left", clean_up_tokenization_spaces=False, chat_template=chat_template)
 
 
-def save_char_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    tok = build_char_tokenizer()
+def save_char_tokenizer(path: str | Path, variant: str = "char") -> PreTrainedTokenizerFast:
+    tok = build_char_tokenizer(variant)
     tok.save_pretrained(str(path))
     return tok
 

@@ -28,8 +28,11 @@ def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
 
 
 def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, tmp_path):
-    """conf/agent.yaml's workflow is an `openai`-client agent: jobs.eval must serve it the
-    run's OpenAI endpoint (URL and key filled in as a run does) and grade what it answers."""
+    """conf/agents_sdk.yaml's workflow is an OpenAI Agents SDK agent (examples/
+    agents_sdk_agent.py, run unchanged): jobs.eval must serve it the run's OpenAI endpoint
+    (URL and key filled in as a run does) and grade what it answers. The SDK sends
+    `tools=` to a real Serve app, the endpoint parses the warm-started model's hermes
+    calls into `tool_calls`, the SDK runs the calculator and sends the result back."""
     import socket
 
     from ray import serve
@@ -40,14 +43,16 @@ def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, 
     serve.shutdown()  # Serve's proxy is chosen when it starts: this job starts it with one
     out, store = tmp_path / "eval.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
     try:
-        assert main(["--config", "conf/agent.yaml", "task.n_eval=6", "eval.k=2",
+        assert main(["--config", "conf/agents_sdk.yaml", "task.n_eval=6", "eval.k=4",
                      f"rollout.openai.port={port}", "rollout.openai.host=127.0.0.1",
                      f"eval.out={out}", f"run.mlflow_tracking_uri={store}", "run.name=evalagent"]) == 0
     finally:
         serve.shutdown()
     report = json.loads(out.read_text())
     assert report["problems"] == 6
-    # the agent called the calculator through the endpoint's sessions: without the
-    # endpoint every episode would have failed and nothing would be graded
-    assert report["tool_use_rate_greedy"] > 0
-    assert 0 <= report["greedy_pass@1"] <= 1
+    # the agent called the calculator through the endpoint's sessions (the warm start
+    # samples a call for about half of the answers): without the endpoint every episode
+    # would have failed and nothing would be graded; without the parsed `tool_calls`
+    # the SDK would have run no tool
+    assert report.get("tool_use_rate_greedy", 0) + report["tool_use_rate_sampled"] > 0
+    assert 0 <= report["greedy_pass@1"] <= 1 and report["sampled_pass@4"] > 0

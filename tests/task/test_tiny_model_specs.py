@@ -7,6 +7,7 @@ from areal_ray.task import tiny_model
 
 @pytest.mark.parametrize("path,task", [("artifacts/tiny", "arith"),
                                        ("artifacts/tiny-tools", "tool_arith"),
+                                       ("artifacts/tiny-agents", "tool_arith_hermes"),
                                        ("artifacts/tiny-chains", "chain_arith")])
 def test_resolve_model_builds_each_embedded_model_with_its_spec(tmp_path, monkeypatch, path, task):
     import areal_ray.run.job as run
@@ -34,6 +35,15 @@ def test_the_tool_spec_differs_only_in_its_warm_start():
     assert tools.task == "tool_arith" and 0 < tools.sft_p_direct < 1
     with pytest.raises(ValueError, match="task 'chess'"):
         tiny_model.sft(None, None, tiny_model.TinyModelSpec(task="chess"))
+
+
+def test_the_agent_spec_is_the_tool_task_in_hermes_format_from_the_tool_model():
+    spec = tiny_model.AgentModelSpec()
+    assert (spec.tokenizer, spec.call_format, spec.init_from) == ("hermes", "hermes", "artifacts/tiny-tools")
+    assert tiny_model.WARM_STARTS[spec.task] is tiny_model.ToolWarmStart
+    assert tiny_model.ToolModelSpec().call_format == "calc"
+    with pytest.raises(ValueError, match="call_format 'json'"):
+        tiny_model.ToolWarmStart(tiny_model.ToolModelSpec(call_format="json"))
 
 
 def test_the_chain_spec_starts_from_the_quickstart_model_with_room_for_the_tail():

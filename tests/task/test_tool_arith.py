@@ -117,3 +117,50 @@ def test_multi_turn_greedy_loop_runs_the_tool_like_the_workflow():
     outs = tool_arith.generate_with_tool(model, tok, ["4821+3907=", "12+3="])
     assert outs == ["calc(4821+3907)=8728\n\\boxed{8728}", "\\boxed{14}"]
     assert [tool_arith.uses_tool(o) for o in outs] == [True, False]
+
+
+@pytest.fixture(scope="module")
+def hermes_calls():
+    return tool_arith.HermesCalls(build_char_tokenizer("hermes"))
+
+
+def test_the_hermes_solution_is_a_call_the_endpoints_parser_reads(hermes_calls):
+    """The warm start's call is what vLLM's hermes parser (the endpoint's) turns into a
+    `calc` call with the sum; then EOS (the model ends its turn), the template's
+    rendering of the tool's result (not the model's: mask 0), the box."""
+    import json
+
+    fmt, p = hermes_calls, ToolProblem(4821, "+", 3907)
+    parts = fmt.segments(p, use_tool=True)
+    text, mask = render(parts)
+    call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "4821+3907"}}\n</tool_call>'
+    assert text == call + "</s><tool_response>\n8728\n</tool_response>\n\\boxed{8728}"
+    assert [mine for _, mine in parts] == [True, False, True]
+    assert fmt.prompt(p.prompt) == "<tools>calc</tools>\n4821+3907="
+    (got,) = fmt.parser.parse(call, fmt.parser.request([tool_arith.TOOL_SPEC], "auto"), 0, []).tool_calls
+    assert got["function"]["name"] == "calc" and json.loads(got["function"]["arguments"]) == {"expr": p.expr}
+    assert render(fmt.segments(p, use_tool=False)) == ("\\boxed{8728}", [1] * 12)
+    assert tool_arith.calc(p.expr) == p.answer
+
+
+def test_the_hermes_turn_loop_runs_the_parsed_call_like_the_agent(hermes_calls):
+    pytest.importorskip("torch")
+    fmt = hermes_calls
+    tok, eos = fmt.tok, fmt.tok.eos_token
+    prompt = fmt.prompt("4821+3907=")
+    call = fmt.call_text("4821+3907")
+    after = prompt + call + eos + "<tool_response>\n8728\n</tool_response>\n"
+    model = _ScriptedModel(tok, {
+        prompt: call + eos,
+        after: "\\boxed{8728}" + eos,
+        fmt.prompt("12+3="): '<tool_call>\n{"name": "sum", "arguments": {}}\n</tool_call>' + eos,
+        fmt.prompt("12+3=") + '<tool_call>\n{"name": "sum", "arguments": {}}\n</tool_call>' + eos
+        + "<tool_response>\nerror: not a calc(expr) call\n</tool_response>\n": "\\boxed{15}" + eos,
+        fmt.prompt("1+1="): "<tool_call>{broken" + eos,
+    })
+    outs = tool_arith.generate_with_tool(model, tok, [fmt.prompt(q) for q in ("4821+3907=", "12+3=", "1+1=")],
+                                         fmt=fmt, max_turns=2)
+    assert outs[0] == after[len(prompt):] + "\\boxed{8728}"
+    assert outs[1].endswith("<tool_response>\nerror: not a calc(expr) call\n</tool_response>\n\\boxed{15}")
+    assert outs[2] == "<tool_call>{broken"  # no call parsed: the answer as it is
+    assert [tool_arith.uses_tool(o, fmt) for o in outs] == [True, True, True]

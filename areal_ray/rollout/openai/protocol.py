@@ -12,7 +12,7 @@ EOS or at token ids, and return one sample per request, so:
   (sessions.py).
 - `n` up to MAX_N: n samples of the prompt, each recorded as its own call and its own
   Sample of the session (sessions.py: a fork; a later request continues whichever
-  choice its messages carry). Not with `stream: true` (a 400). `top_p`, penalties, `logit_bias`, `functions`, `response_format`
+  choice its messages carry); streamed, each choice's chunks carry its index. `top_p`, penalties, `logit_bias`, `functions`, `response_format`
   other than text, `echo`, `suffix`, `best_of` are refused when set to anything but
   their defaults: silently ignoring them would change what the agent thinks it sampled.
 - Chat takes `tools` and `tool_choice` (`auto`, `none`): the template renders the
@@ -189,9 +189,6 @@ def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[st
         raise bad("stream_options must be an object like {include_usage: bool}", "stream_options")
     ids, strings, pauses = stops(body.get("stop"), encode)
     n = _int(body, "n", 1, MAX_N) or 1
-    if n > 1 and stream:
-        raise bad("stream=true with n > 1 is not supported: stream one choice per request, or "
-                  "take the n choices whole", "n")
     return dict(model=body["model"], max_tokens=budget or defaults.max_tokens, n=n,
                 temperature=float(defaults.temperature if t is None else t),
                 stop_ids=ids + pauses, stop_strings=strings, pause_ids=pauses,

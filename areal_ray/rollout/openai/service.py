@@ -155,11 +155,12 @@ class OpenAIService:
         else:
             prompt_ids, choices, _ = await self._generate(sid, req, None, req.prompt)
         resp = completion_response(req, prompt_ids, choices)
-        return EventStream(completion_chunks(resp, self._pieces(choices[0].sample), req.include_usage)) \
+        return EventStream(completion_chunks(resp, self._pieces(choices), req.include_usage)) \
             if req.stream else resp
 
-    def _pieces(self, sample) -> list[str]:
-        return [self.decode([t]) for t in sample.output_ids]
+    def _pieces(self, choices: list[Choice]) -> list[list[str]]:
+        """Each choice's output tokens' texts, which its streamed chunks are cut at."""
+        return [[self.decode([t]) for t in c.sample.output_ids] for c in choices]
 
     def _generated_text(self, sid: str):
         """The text the client was shown for call `index` of `sid`, if its output ids
@@ -187,7 +188,7 @@ class OpenAIService:
             for i, c in enumerate(choices):
                 c.parsed = self.tool_parser.parse(c.text, parser_request, first + i, c.sample.output_ids)
         resp = chat_response(req, prompt_ids, choices)
-        return EventStream(chat_chunks(resp, self._pieces(choices[0].sample), req.include_usage)) \
+        return EventStream(chat_chunks(resp, self._pieces(choices), req.include_usage)) \
             if req.stream else resp
 
     def models(self) -> dict:

@@ -117,7 +117,6 @@ def test_stop_strings_are_stop_ids_and_end_the_output(engine):
 @pytest.mark.parametrize("body,needle", [
     ({"stop": ""}, "0 tokens"),
     ({"n": 17}, "n must be an integer in [1, 16]"),
-    ({"n": 2, "stream": True}, "stream=true with n > 1 is not supported"),
     ({"stream": "yes"}, "stream must be a boolean"),
     ({"stream": True, "stream_options": 1}, "stream_options must be"),
     ({"top_p": 0.5}, "top_p"),
@@ -361,3 +360,20 @@ def test_n_choices_are_each_recorded_as_their_own_sample(engine):
     assert comp.usage.prompt_tokens == len(calls[0]["prompt_ids"])
     samples = svc.session("n")["samples"]
     assert len(samples) == 3 and len({tuple(s["prompt_ids"]) for s in samples}) == 1
+
+
+def test_n_streamed_choices_assemble_to_the_recorded_calls(engine):
+    """stream=true with n=2: each choice's chunks assemble to the text of its own recorded
+    call, and the usage chunk counts both."""
+    from tests.rollout.openai.test_sse import assemble_chat
+    svc = service(engine)
+    got = run(svc.chat("ns", {"model": "m", "messages": [{"role": "user", "content": "12+3="}],
+                              "n": 2, "max_tokens": 4, "stream": True,
+                              "stream_options": {"include_usage": True}}))
+    calls = svc.session("ns")["calls"]
+    assert len(calls) == 2
+    for i, call in enumerate(calls):
+        message, finish, _, usage = assemble_chat(got.chunks, i)
+        assert message["content"] == engine.tokenizer.decode(call["output_ids"], skip_special_tokens=True)
+        assert finish in ("stop", "length")
+    assert usage["completion_tokens"] == sum(len(c["output_ids"]) for c in calls)

@@ -32,14 +32,16 @@ def chat(message: dict, finish: str, n_tokens: int, logprobs: bool, extra=None) 
             "usage": {"prompt_tokens": 3, "completion_tokens": n_tokens, "total_tokens": 3 + n_tokens}}
 
 
-def assemble_chat(chunks: list[dict]) -> tuple[dict, str, list | None, dict | None]:
-    """What a streaming client builds from the chunks: (message, finish reason,
-    logprob entries, usage)."""
+def assemble_chat(chunks: list[dict], index: int = 0) -> tuple[dict, str, list | None, dict | None]:
+    """What a streaming client builds from the chunks of choice `index`: (message,
+    finish reason, logprob entries, usage)."""
     content, calls, entries, finish, usage = None, {}, None, None, None
     for raw in chunks:
         c = ChatCompletionChunk.model_validate(raw)
         usage = raw.get("usage") or usage
         for ch in c.choices:
+            if ch.index != index:
+                continue
             d = ch.delta
             if d.content is not None:
                 content = (content or "") + d.content
@@ -73,7 +75,7 @@ CALL = {"id": "call_0_0_ab", "type": "function",
 def test_chat_chunks_assemble_to_the_answer(message, finish, pieces, logprobs):
     resp = chat(message, finish, len(pieces), logprobs, {"token_ids": list(range(len(pieces)))})
     ChatCompletion.model_validate(resp)
-    chunks = chat_chunks(resp, pieces, include_usage=True)
+    chunks = chat_chunks(resp, [pieces], include_usage=True)
     got, got_finish, entries, usage = assemble_chat(chunks)
     assert got == message and got_finish == finish and usage == resp["usage"]
     assert entries == (resp["choices"][0]["logprobs"]["content"] if logprobs else None)
@@ -93,7 +95,7 @@ def test_completion_chunks_assemble_to_the_answer():
                                       "token_logprobs": [-0.1, -0.2, -0.3, -0.4, -0.5],
                                       "text_offset": [0, 1, 2, 3, 4], "top_logprobs": None}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
-    chunks = completion_chunks(resp, pieces)
+    chunks = completion_chunks(resp, [pieces])
     # the client reads each chunk as a Completion (finish_reason null until the last)
     parsed = [Completion.model_construct(**c) for c in chunks[:-1]] + [Completion.model_validate(chunks[-1])]
     assert "".join(c["choices"][0]["text"] for c in chunks) == text
@@ -102,6 +104,22 @@ def test_completion_chunks_assemble_to_the_answer():
     assert parsed[-1].choices[0].finish_reason == "stop"
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * 4
     assert len(chunks) == 5  # four tokens of text, the EOS's logprob with the finish reason
+
+
+def test_n_choices_stream_each_under_its_index_and_the_usage_once():
+    one = chat({"role": "assistant", "content": "12"}, "length", 2, True)
+    two = chat({"role": "assistant", "content": None, "tool_calls": [CALL]}, "tool_calls", 3, True)
+    resp = {**one, "choices": [one["choices"][0], {**two["choices"][0], "index": 1}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
+    chunks = chat_chunks(resp, [["1", "2"], ["<tool_call>", "...", ""]], include_usage=True)
+    for i, choice in enumerate(resp["choices"]):
+        message, finish, entries, usage = assemble_chat(chunks, i)
+        assert (message, finish) == (choice["message"], choice["finish_reason"])
+        assert entries == choice["logprobs"]["content"] and usage == resp["usage"]
+    assert [c["choices"][0]["index"] for c in chunks[:-1]] == [0] * 4 + [1] * 4
+    assert [c["choices"] for c in chunks].count([]) == 1
+    with pytest.raises(ValueError):  # a choice without its pieces
+        chat_chunks(resp, [["1", "2"]])
 
 
 def test_the_event_stream_is_data_lines_ending_in_done():

@@ -3,8 +3,8 @@
 vLLM's registry, and the invariant that matters for training: an assistant message
 carrying our tool calls renders back to exactly the text the model generated, so the
 next request continues the recorded ids. End to end through the service with a
-scripted engine whose output is a call (the embedded models never write one, and their
-alphabet cannot spell JSON strings): parse, `tool_calls` the `openai` types accept, a
+scripted engine whose output is a call (a fixed answer; artifacts/tiny-agents, the
+model that writes calls, is tests/rollout/workflows/test_agents_sdk.py's): parse, `tool_calls` the `openai` types accept, a
 `role: tool` reply that extends the same recorded Sample, streaming that assembles to
 the same answer."""
 
@@ -39,14 +39,11 @@ CALL_TEXT = '<tool_call>\n{"name": "calc", "arguments": {"expr": "12+3"}}\n</too
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    """The embedded char tokenizer with the characters of JSON added (`"`, `[`, `]`):
-    the shipped alphabet has none of them, so no embedded model can write a call."""
-    mp = pytest.MonkeyPatch()
-    mp.setattr(char_tokenizer, "ALPHABET", char_tokenizer.ALPHABET + '"[]')
-    tok = char_tokenizer.build_char_tokenizer()
-    mp.undo()
-    return tok
+def tokenizer():
+    """The char tokenizer with the characters of JSON (`"`, `[`, `]`: the `hermes`
+    variant's alphabet) and the plain template, which concatenates contents and drops
+    `tools` and `tool_calls` (the hermes template: tests/rollout/workflows/test_agents_sdk.py)."""
+    return _with_template(char_tokenizer.build_char_tokenizer("hermes"), char_tokenizer.CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
