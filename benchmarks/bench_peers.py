@@ -63,6 +63,8 @@ class BenchPeersConfig:
     etas: list = opt([], "our arms, one run per seed at each algo.eta (empty: the run config's eta)")
     ours: list = opt([], "extra key=value overrides of every one of our runs")
     run_config: str = opt("conf/quickstart.yaml", "our run config (TRL takes its settings from it)")
+    grade_past_target: bool = opt(True, "grade the saved models between the first to reach "
+                                  "target_accuracy and the final one (false: skip them, faster)")
     out: str = opt("runs/bench_peers.json", "JSON report (a .md table is written next to it)")
 
 
@@ -193,7 +195,9 @@ def run_ours(c: BenchPeersConfig, seed: int, root: Path, eta: int) -> dict:
                             f"run.mlflow_tracking_uri=sqlite:///{root / 'mlflow.db'}",
                             # graded afterwards by the bench, as TRL's models are: no
                             # in-run evaluation, which TRL's run does not do either
-                            "run.eval_before=false", "run.eval_after=false", *c.ours, f"algo.eta={eta}"],
+                            "run.eval_before=false", "run.eval_after=false",
+                            # every saved model is graded: none may be pruned
+                            "run.keep_checkpoints=0", *c.ours, f"algo.eta={eta}"],
                            env, root / f"{system}-seed{seed}.log")
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
@@ -233,17 +237,23 @@ def grade(run: dict, c: BenchPeersConfig) -> None:
     init_ray(cfg)
     serve.start(proxy_location="Disabled")
     rows = eval_rows(cfg.task)
-    for m in run["models"]:
+    reached = False
+    for i, m in enumerate(run["models"]):
+        if reached and not c.grade_past_target and i < len(run["models"]) - 1:
+            m["accuracy"] = None  # not graded: the time to target is known already
+            continue
         app = f"peers-eval-{run['system']}-{run['seed']}-{m['step']}"
         handle = serve.run(build_app(cfg, m["path"]), name=app, route_prefix=None)
         try:
             m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows, cfg)["accuracy"]
         finally:
             serve.delete(app)
+        reached = reached or m["accuracy"] >= c.target_accuracy
     run["final_accuracy"] = run["models"][-1]["accuracy"]
     run["samples_per_s"] = run["n_samples"] / run["train_s"]
     run["end_to_end_samples_per_s"] = run["n_samples"] / run["last_step_s"]
-    hit = [m["t_launch"] for m in run["models"] if m["accuracy"] >= c.target_accuracy]
+    hit = [m["t_launch"] for m in run["models"]
+           if m["accuracy"] is not None and m["accuracy"] >= c.target_accuracy]
     run["time_to_target_s"] = min(hit) if hit else None
 
 
