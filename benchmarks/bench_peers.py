@@ -340,19 +340,27 @@ def run(c: BenchPeersConfig, argv) -> dict:
     ensure_trl()
     etas = our_etas(c)
     runs = []
+    import ray
+    from ray import serve
     for seed in c.seeds:
         for eta in (None, *etas):  # TRL, then each of our arms
             r = run_trl(c, seed, root) if eta is None else run_ours(c, seed, root, eta)
             print(f"[bench_peers] {r['system']} seed {seed}: {r['train_s']:.1f} s training, "
                   f"peak PSS {r['peak_pss_gib']:.2f} GiB", flush=True)
+            grade(r, c)  # between runs, outside every timed window
+            serve.shutdown()  # the grading cluster goes before the next run starts
+            ray.shutdown()
             runs.append(r)
-    for r in runs:  # grading is outside every timed window
-        grade(r, c)
+            report = write_report(c, argv, runs)  # after every run: a bench cut short keeps its runs
+    print(summary_line(report, c), flush=True)
+    return report
+
+
+def write_report(c: BenchPeersConfig, argv, runs: list[dict]) -> dict:
     report = {"argv": argv, "config": {k: getattr(c, k) for k in c.__dataclass_fields__},
               "runs": runs, "summary": summarize(runs)}
     Path(c.out).write_text(json.dumps(report, indent=1))
     Path(c.out).with_suffix(".md").write_text(table(report))
-    print(summary_line(report, c), flush=True)
     return report
 
 
