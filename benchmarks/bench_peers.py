@@ -342,14 +342,16 @@ def run(c: BenchPeersConfig, argv) -> dict:
     runs = []
     import ray
     from ray import serve
+    owned = not ray.is_initialized()  # else the caller's cluster (a test's) grades every run
     for seed in c.seeds:
         for eta in (None, *etas):  # TRL, then each of our arms
             r = run_trl(c, seed, root) if eta is None else run_ours(c, seed, root, eta)
             print(f"[bench_peers] {r['system']} seed {seed}: {r['train_s']:.1f} s training, "
                   f"peak PSS {r['peak_pss_gib']:.2f} GiB", flush=True)
             grade(r, c)  # between runs, outside every timed window
-            serve.shutdown()  # the grading cluster goes before the next run starts
-            ray.shutdown()
+            if owned:  # the grading cluster goes before the next run starts
+                serve.shutdown()
+                ray.shutdown()
             runs.append(r)
             report = write_report(c, argv, runs)  # after every run: a bench cut short keeps its runs
     print(summary_line(report, c), flush=True)
