@@ -14,7 +14,8 @@ at temperature 1, fp32 on the CPU. TRL is synchronous and on-policy (one PPO upd
 per generation), like our `algo.eta=0`.
 
 Writes `result.json`: seconds of training (`trainer.train()`), per-step rows (end time
-since the start of training and wall clock, reward, completion length) and the models
+since the start of training and wall clock, seconds inside the model's `generate`, reward,
+mean and longest completion length) and the models
 saved every `save_every` steps (with those times), which the bench evaluates
 afterwards with our own evaluator. Saving is not counted as training.
 """
@@ -71,11 +72,13 @@ def run(c: PeerTRLConfig) -> dict:
 
     steps, saved = [], []
     t_start = [0.0]
+    generate_s = [0.0]  # seconds inside the model's `generate` since the last step ended
 
     class Record(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             steps.append({"step": state.global_step - 1, "t": time.perf_counter() - t_start[0],
-                          "t_wall": time.time()})
+                          "t_wall": time.time(), "generate_s": generate_s[0]})
+            generate_s[0] = 0.0
             if c.save_every and state.global_step % c.save_every == 0 and state.global_step < c.steps:
                 t0 = time.perf_counter()
                 d = out / f"model-step{state.global_step}"
@@ -87,7 +90,8 @@ def run(c: PeerTRLConfig) -> dict:
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs and steps:
-                steps[-1].update(reward=logs["reward"], mean_len=logs.get("completions/mean_length"))
+                steps[-1].update(reward=logs["reward"], mean_len=logs.get("completions/mean_length"),
+                                 max_len=logs.get("completions/max_length"))
 
     a = cfg.algo
     args = GRPOConfig(
@@ -104,9 +108,12 @@ def run(c: PeerTRLConfig) -> dict:
         disable_dropout=True, use_vllm=False)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
                           processing_class=tok, callbacks=[Record()])
+    model.generate = _timed(model.generate, generate_s)  # TRL generates with the model itself on CPU
     t_start[0] = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t_start[0]
+    if not any(s["generate_s"] for s in steps):
+        raise RuntimeError("no time was counted inside generate: TRL no longer calls model.generate")
     final = out / "final_model"
     trainer.model.config.use_cache = True
     trainer.model.save_pretrained(final)
@@ -116,6 +123,17 @@ def run(c: PeerTRLConfig) -> dict:
               "steps": steps, "models": saved}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _timed(fn, acc: list):
+    """`fn`, adding the seconds of each call to acc[0]."""
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[0] += time.perf_counter() - t0
+    return timed
 
 
 def _score(result) -> float:
