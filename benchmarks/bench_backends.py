@@ -18,13 +18,12 @@ from __future__ import annotations
 import copy
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_ray.config import Config, ConfigError, RolloutBackend, opt, to_dict, validate
 from benchmarks.bench_async import machine
-from jobs.cli import bench_main, distinct_choices, write_report
+from jobs.cli import bench_main, distinct_choices, interleaved_runs, write_report
 
 BACKENDS = RolloutBackend.values()
 
@@ -100,16 +99,13 @@ def run_bench(c: BenchBackendsConfig, argv: list[str]) -> dict:
     from areal_ray.run.job import run_training
 
     out = Path(c.out)
-    root = out.parent / f"{out.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    runs = []
-    for repeat in range(c.repeats):
-        for backend in c.backends:
-            cfg = run_config(c.base, backend, repeat, (root / f"{backend}-{repeat}").absolute())
-            print(f"[bench_backends] {backend} run {repeat + 1}/{c.repeats} -> {cfg.run.run_dir}",
-                  flush=True)
-            summary = run_training(cfg)
-            runs.append({"backend": backend, "repeat": repeat, "run_dir": cfg.run.run_dir,
-                         **{k: summary.get(k) for k in RUN_KEYS}})
+
+    def run_one(backend: str, repeat: int, run_dir: Path) -> dict:
+        cfg = run_config(c.base, backend, repeat, run_dir)
+        summary = run_training(cfg)
+        return {"backend": backend, "repeat": repeat, "run_dir": cfg.run.run_dir,
+                **{k: summary.get(k) for k in RUN_KEYS}}
+    runs = interleaved_runs(out, "bench_backends", c.repeats, c.backends, run_one)
     report = {"machine": machine(), "command": "python -m benchmarks.bench_backends " + " ".join(argv),
               "base": to_dict(c.base), "repeats": c.repeats, "runs": runs,
               "backends": summarize(runs, list(c.backends))}

@@ -17,15 +17,13 @@ prints one summary line; the mode with the most steady samples/s is `faster`.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from areal_ray.config import ConfigError, LoraPush, load_config, opt
-from jobs.cli import bench_main
+from jobs.cli import bench_main, interleaved_runs, write_report
 
 # figures copied from each arm's summary
 ARM_KEYS = ("wall_s", "train_s", "steady_samples_per_s", "samples_per_s",
@@ -102,23 +100,15 @@ def run_bench(c: BenchLoraPushConfig, argv: list[str]) -> dict:
     from benchmarks.bench_async import machine
 
     out = Path(c.out)
-    root = out.parent / f"{out.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    arms = []
-    for r in range(c.repeats):
-        for mode in c.modes:
-            run_dir = (root / f"{mode}-{r}").absolute()
-            cfg = arm_config(c, mode, run_dir)
-            print(f"[bench_lora_push] {mode} (run {r + 1}/{c.repeats}) -> {run_dir}", flush=True)
-            summary = run_training(cfg)
-            steps = lineage(read_events(run_dir / "steps.jsonl"))
-            arms.append(arm(mode, summary, steps, str(run_dir)))
+
+    def run_one(mode: str, repeat: int, run_dir: Path) -> dict:
+        summary = run_training(arm_config(c, mode, run_dir))
+        return arm(mode, summary, lineage(read_events(run_dir / "steps.jsonl")), str(run_dir))
+    arms = interleaved_runs(out, "bench_lora_push", c.repeats, c.modes, run_one)
     report = {"machine": machine(), "command": "python -m benchmarks.bench_lora_push " + " ".join(argv),
               "config": c.config, "overrides": list(c.overrides), "repeats": c.repeats,
               "arms": arms, **compare(arms)}
-    report["summary"] = summary_line(report)
-    out.write_text(json.dumps(report, indent=2))
-    print(report["summary"] + f" -> {out}", flush=True)
-    return report
+    return write_report(report, out, summary_line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from areal_ray.config import Config, ConfigError, help_lines, load_config
@@ -63,6 +64,20 @@ def write_report(report: dict, out: Path, summary_line) -> dict:
     out.write_text(json.dumps(report, indent=2))
     print(report["summary"] + f" -> {out}", flush=True)
     return report
+
+
+def interleaved_runs(out: Path, name: str, repeats: int, arms, run_one) -> list:
+    """A benchmark's runs, arms interleaved within each repeat (a, b, a, b, ...) so the
+    machine's drift hits every arm alike: `run_one(arm, repeat, run_dir)` for each, the
+    run dirs under one timestamped folder next to the report `out`."""
+    root = out.parent / f"{out.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = []
+    for repeat in range(repeats):
+        for arm in arms:
+            run_dir = (root / f"{arm}-{repeat}").absolute()
+            print(f"[{name}] {arm} run {repeat + 1}/{repeats} -> {run_dir}", flush=True)
+            results.append(run_one(arm, repeat, run_dir))
+    return results
 
 
 def run_job(argv: list[str] | None, prog: str, description: str, fn) -> int:
