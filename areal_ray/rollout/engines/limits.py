@@ -41,6 +41,11 @@ class RequestRejected(ValueError):
     client's exception is still an instance of this class (`as_instanceof_cause`)."""
 
 
+class ContextFull(RequestRejected):
+    """The prompt leaves no room in the model's context: a conversation that outgrew
+    it, which callers may end as an episode rather than treat as a malformed request."""
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """`vocab_size`: token ids must be in [0, vocab_size); `max_context`: prompt plus
@@ -96,7 +101,7 @@ class RequestLimits:
             return budget
         room = self.max_context - prompt_len
         if room < 1:
-            raise RequestRejected(f"the prompt is {prompt_len} tokens and the model's context is "
+            raise ContextFull(f"the prompt is {prompt_len} tokens and the model's context is "
                                   f"{self.max_context}: no room is left to generate")
         return min(budget, room)
 

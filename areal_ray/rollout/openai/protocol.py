@@ -59,14 +59,21 @@ MAX_STOPS = 4  # as OpenAI
 MAX_N = 16  # choices per request: each is a whole generation, recorded in the session
 
 
+# OpenAI's error code for a conversation longer than the model's context: agent
+# frameworks and AgentWorkflow tell it from other 400s by this code.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
         kind = {400: "invalid_request_error", 404: "not_found_error"}.get(self.status, "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
 
 
 def bad(message: str, param: str | None = None) -> APIError:

@@ -40,10 +40,11 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from areal_ray.rollout.engines.limits import RequestLimits, RequestRejected
+from areal_ray.rollout.engines.limits import ContextFull, RequestLimits, RequestRejected
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
 from areal_ray.rollout.openai.auth import EndpointError
 from areal_ray.rollout.openai.protocol import (
+    CONTEXT_LENGTH_EXCEEDED,
     APIError,
     Choice,
     Defaults,
@@ -120,7 +121,8 @@ class OpenAIService:
             else:  # one engine call for the n
                 await generate_rounds(self.client.generate_batch, parts, req.temperature, req.stop_ids)
         except RequestRejected as e:  # ours, or a replica's (through Serve: an instance wrapping it)
-            raise bad(str(getattr(e, "cause", e)), "prompt") from e
+            code = CONTEXT_LENGTH_EXCEEDED if isinstance(e, ContextFull) else None
+            raise APIError(400, str(getattr(e, "cause", e)), "prompt", code) from e
         except SessionTooLarge as e:
             raise bad(str(e), "messages") from e
         samples = [p.sample() for p in parts]

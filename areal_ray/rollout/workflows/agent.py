@@ -22,7 +22,12 @@ that never returns is abandoned at `rollout.episode_timeout_s` (its row rejected
 cancellation still deletes its sessions). A session the endpoint lost (410: the
 endpoint replica holding it restarted, deployments/openai_api.py) rejects the row too,
 whether the agent's call or the fetch of its Samples is refused: the cluster lost a
-process, the agent is not broken, and what was recorded is gone.
+process, the agent is not broken, and what was recorded is gone. A session whose
+conversation outgrew the model's context (the endpoint's 400 with OpenAI's code
+`context_length_exceeded`: the model's turns and tool results filled it) ends there,
+as a tool episode ends when no room is left: the agent did not answer, so its Sample
+(what the session recorded) is graded as the empty answer, and trains with that
+reward; the model wrote itself out of room, not the agent's code broke.
 
 The clients do not retry (`max_retries=0`): a retried completion whose first attempt
 did finish would be recorded twice and break the session's chain. The endpoint already
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from areal_ray.config import ConfigError
 from areal_ray.plugins import import_function
+from areal_ray.rollout.openai.protocol import CONTEXT_LENGTH_EXCEEDED
 from areal_ray.rollout.workflows.base import EpisodeConfig, group_of, workflow_class
 from areal_ray.types import Group, Sample
 
@@ -52,6 +58,7 @@ if TYPE_CHECKING:
 
 AGENT_KEY = "rollout.workflow_kwargs.agent"
 SESSION_LOST = 410  # the endpoint's status for a session its restarted replica held
+NO_ANSWER = ""  # what a session that ran out of context answered: graded as no answer
 MULTI_SAMPLE = ("last", "reject")
 
 
@@ -156,10 +163,14 @@ class AgentWorkflow:
             # not leave the others writing into deleted sessions); the first error wins.
             answers = await asyncio.gather(*[self._run_agent(sid, row) for sid in sids],
                                            return_exceptions=True)
-            for a in answers:
+            for i, a in enumerate(answers):
                 if isinstance(a, BaseException):
-                    if getattr(a, "status_code", None) == SESSION_LOST:  # openai.APIStatusError
+                    status = getattr(a, "status_code", None)  # openai.APIStatusError
+                    if status == SESSION_LOST:
                         return None
+                    if status == 400 and getattr(a, "code", None) == CONTEXT_LENGTH_EXCEEDED:
+                        answers[i] = NO_ANSWER
+                        continue
                     raise a
             if any(a is None for a in answers):
                 return None

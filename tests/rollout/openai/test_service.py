@@ -151,8 +151,13 @@ def test_budgets_are_cut_to_the_context_and_unknown_sessions_are_404s(engine):
     svc = service(engine, limits=RequestLimits(None, 8))
     r = run(svc.completions("ctx", {"model": "m", "prompt": "12+3=", "max_tokens": 50}))
     assert r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] <= 8
-    with pytest.raises(APIError, match="context is 8"):
+    with pytest.raises(APIError, match="context is 8") as full:
         run(svc.completions("ctx2", {"model": "m", "prompt": "123456789"}))
+    # OpenAI's code for it, which agents (and AgentWorkflow) tell from other 400s by
+    assert full.value.body()["error"]["code"] == "context_length_exceeded"
+    with pytest.raises(APIError) as other:
+        run(svc.completions("ctx3", {"model": "m", "prompt": "1", "max_tokens": 0}))
+    assert other.value.status == 400 and other.value.body()["error"]["code"] is None
     for fn in (svc.session, svc.delete):
         with pytest.raises(APIError) as e:
             fn("nope")

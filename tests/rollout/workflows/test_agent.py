@@ -193,6 +193,36 @@ def test_a_session_the_endpoint_lost_rejects_the_row(engine):  # noqa: F811
     assert len(svc.store) == 0
 
 
+async def rambling_agent(client, row):
+    """A second turn whose history no longer fits the model's context."""
+    first = await client.completions.create(model="m", prompt="12", max_tokens=2)
+    await client.completions.create(model="m", prompt="12" + first.choices[0].text + "3" * 40,
+                                    max_tokens=2)
+    return "never reached"
+
+
+def test_a_session_that_outgrows_the_context_trains_as_no_answer(engine):  # noqa: F811
+    """The endpoint's 400 `context_length_exceeded` ends that session's episode (the
+    model filled its context, the agent is not broken): the group still trains, each
+    session's recorded turns graded as the empty answer; any other 400 fails the
+    episode as before."""
+    import openai
+
+    from areal_ray.rollout.engines.limits import RequestLimits
+    svc = service(engine, limits=RequestLimits(None, 24))
+    group = asyncio.run(workflow(svc, 2, agent=f"{__name__}.rambling_agent").arun_episode(None, ROW))
+    assert [s.text for s in group.samples] == ["", ""]
+    assert all(s.n_turns == 1 and len(s.output_ids) >= 1 for s in group.samples)
+    assert len(svc.store) == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        asyncio.run(workflow(svc, 2, agent=f"{__name__}.zero_budget_agent").arun_episode(None, ROW))
+
+
+async def zero_budget_agent(client, row):
+    await client.completions.create(model="m", prompt="12", max_tokens=0)
+    return "x"
+
+
 def test_an_endpoint_refusal_fails_the_episode_with_its_message(engine):  # noqa: F811
     """A group larger than the endpoint's room: the 429 names rollout.openai.max_sessions
     (a config to fix, so the episode fails); every session opened is still deleted."""
