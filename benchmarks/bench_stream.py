@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from areal_ray.config import ConfigError, opt
-from benchmarks.bench_peers import TreePeak
+from benchmarks.bench_peers import TreeMeter
 from jobs.cli import bench_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def measure(path: str, n: int, mode: str, consume: int, queue) -> None:
     from areal_ray.data.stream import file_stream, prompt_dataset
     from areal_ray.driver import Driver
 
-    tree = TreePeak(os.getpid(), period_s=0.25)
+    tree = TreeMeter(os.getpid(), period_s=0.25)
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     DataContext.get_current().enable_progress_bars = False
@@ -136,7 +136,7 @@ def measure(path: str, n: int, mode: str, consume: int, queue) -> None:
                "max_read_ahead": ahead if mode == "stream" else n - taken,
                "job_pss_mib_at_first": pss_first / 2**20,
                "job_pss_mib_after": _pss(os.getpid()) / 2**20,
-               "tree_peak_pss_mib": tree.stop() / 2**20})
+               "tree_peak_pss_mib": tree.stop().peak / 2**20})
     del it  # end the iteration before Ray goes
     ray.shutdown()
 
@@ -162,14 +162,14 @@ def run_job(path: Path, n: int, steps: int, root: Path) -> dict:
     from benchmarks.bench_peers import run_tree
     run_dir = root / f"job-{n}-{time.strftime('%H%M%S')}"
     launched = time.time()
-    wall, peak = run_tree([sys.executable, "-m", "jobs.train", "--config", "conf/quickstart.yaml",
+    wall, meter = run_tree([sys.executable, "-m", "jobs.train", "--config", "conf/quickstart.yaml",
                            f"task.train_path={path.resolve()}", f"train.steps={steps}",
                            f"run.run_dir={run_dir}", "run.eval_before=false", "run.eval_after=false",
                            f"run.mlflow_tracking_uri=sqlite:///{root / 'mlflow.db'}"],
                           dict(os.environ, PYTHONPATH=str(REPO)), root / f"job-{n}.log")
     first = json.loads((run_dir / "steps.jsonl").read_text().splitlines()[0])
     return {"mode": "job", "n": n, "steps": steps, "wall_s": wall,
-            "launch_to_first_step_s": first["t_wall"] - launched, "tree_peak_pss_mib": peak / 2**20}
+            "launch_to_first_step_s": first["t_wall"] - launched, "tree_peak_pss_mib": meter.peak / 2**20}
 
 
 def check(c: BenchStreamConfig) -> None:

@@ -373,9 +373,12 @@ def run_training(cfg: Config) -> dict:
                 else "no checkpoint (train.checkpoint_every=0)"
             raise RunInterrupted(f"stopped after version {last}: {where}")
 
+        # The trained model is on disk before anything else can fail: an evaluation
+        # that raises (an endpoint replica crashing as the pipeline shuts down) must
+        # not lose the run's result.
+        final_dir = save_final_model(driver, model_path, run_dir / "final_model", cfg)
         after = report_eval("after", evaluate(handle, tokenizer, held_out, cfg)) \
             if cfg.run.eval_after else None
-        final_dir = save_final_model(driver, model_path, run_dir / "final_model", cfg)
         n_prior = sum(r["version"] <= (tail.start_version or 0) for r in steps)
         loads = ray.get(driver.replica_loads.remote())
         summary = summarize(cfg, steps, before, after, train_s, time.time() - t_start, n_prior)

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 AGENT_KEY = "rollout.workflow_kwargs.agent"
 SESSION_LOST = 410  # the endpoint's status for a session its restarted replica held
 NO_ANSWER = ""  # what a session that ran out of context answered: graded as no answer
+TRANSIENT = {500, 502, 503, 504}  # a session open answered so is tried again after a wait
+OPEN_RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 MULTI_SAMPLE = ("last", "reject")
 
 
@@ -132,9 +134,21 @@ class AgentWorkflow:
         return {"Authorization": f"Bearer {self.api_key}"}
 
     async def _open(self, sid: str) -> None:
-        res = await self.http().post(f"{self.base_url}/sessions/{sid}", headers=self._auth(), json={
-            "temperature": self.config.temperature, "max_tokens": self.config.max_new_tokens})
-        _check(res)
+        """Opening is idempotent (it sets the session's defaults), so an endpoint replica
+        that is down for a moment (a crash Serve is replacing: 5xx, or no connection) is
+        waited out for up to ~15 s instead of failing the episode."""
+        import httpx
+        body = {"temperature": self.config.temperature, "max_tokens": self.config.max_new_tokens}
+        for wait_s in (*OPEN_RETRY_S, None):
+            try:
+                res = await self.http().post(f"{self.base_url}/sessions/{sid}",
+                                             headers=self._auth(), json=body)
+                if res.status_code not in TRANSIENT or wait_s is None:
+                    return _check(res)
+            except httpx.TransportError:
+                if wait_s is None:
+                    raise
+            await asyncio.sleep(wait_s)
 
     async def _samples(self, sid: str) -> list[Sample] | None:
         """The session's Samples; None when the endpoint lost it."""

@@ -223,6 +223,32 @@ async def zero_budget_agent(client, row):
     return "x"
 
 
+def test_a_session_open_waits_out_an_endpoint_replica_being_replaced(engine, monkeypatch):  # noqa: F811
+    """A 5xx on opening a session (the endpoint replica crashed and Serve is replacing
+    it: an evaluation right after training once failed so) is tried again; one that
+    stays down fails the episode with the endpoint's message after the last wait."""
+    from areal_ray.rollout.workflows import agent as agent_module
+    from areal_ray.rollout.workflows.agent import EndpointRefused
+    monkeypatch.setattr(agent_module, "OPEN_RETRY_S", (0.01, 0.01))
+    svc, opened = service(engine), []
+    open_session = svc.open_session
+
+    def flaky(sid, body):
+        opened.append(sid)
+        if len(opened) <= 2:
+            raise APIError(503, "replica down")
+        return open_session(sid, body)
+    svc.open_session = flaky
+    group = asyncio.run(workflow(svc, 1, agent=AGENT).arun_episode(None, ROW))
+    assert len(group.samples) == 1 and len(opened) == 3 and len(set(opened)) == 1
+
+    def down(sid, body):
+        raise APIError(500, "replica down")
+    svc.open_session = down
+    with pytest.raises(EndpointRefused, match="500 replica down"):
+        asyncio.run(workflow(svc, 1, agent=AGENT).arun_episode(None, ROW))
+
+
 def test_an_endpoint_refusal_fails_the_episode_with_its_message(engine):  # noqa: F811
     """A group larger than the endpoint's room: the 429 names rollout.openai.max_sessions
     (a config to fix, so the episode fails); every session opened is still deleted."""
