@@ -133,12 +133,14 @@ class Driver:
             return generation
 
     async def restore(self, version: int, next_ticket: int = 0, rejected: int = 0,
-                      consumed: list[int] | None = None, weights=None) -> dict:
+                      consumed: list[int] | None = None, weights=None,
+                      records: list[dict] = ()) -> dict:
         """The trainer's starting point; publishes `weights` (when given) as `version`
-        and resumes admissions once every replica serves them."""
+        and resumes admissions once every replica serves them. `records`: the step
+        records its checkpoint kept (the job logs those it never read)."""
         async with self.cond:
             self.admission.restore(version, next_ticket, rejected, consumed or ())
-            self.events.append({"event": "restore", "version": version})
+            self.events.append({"event": "restore", "version": version, "records": list(records)})
         push = await self._publish(version, weights) if weights is not None else None
         async with self.cond:
             self.admission.resume()

@@ -71,6 +71,14 @@ def lineage(events: list[dict]) -> list[dict]:
     return out
 
 
+def unseen_records(events: list[dict], restore: dict) -> list[dict]:
+    """The step records a restore event carries (its checkpoint's, train/checkpoint.py)
+    that `events` lack: those of versions after the last surviving record, up to the
+    restored version. A job whose driver died before it read them gets them here."""
+    known = max((r["version"] for r in lineage(events)), default=0)
+    return [r for r in restore.get("records", ()) if known < r["version"] <= restore["version"]]
+
+
 def read_events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
         if path.exists() else []

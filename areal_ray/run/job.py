@@ -43,7 +43,7 @@ from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
 from areal_ray.driver import Driver
 from areal_ray.observe.progress import StepProgress
-from areal_ray.observe.tracking import RunTracker, lineage, read_events
+from areal_ray.observe.tracking import RunTracker, lineage, read_events, unseen_records
 from areal_ray.observe.utilization import length_stats, rollout_idle, steady_state
 from areal_ray.plugins import check_plugins
 from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
@@ -171,15 +171,22 @@ class StepTail:
             if ev.get("event") == "restore":
                 if self.start_version is None:
                     self.start_version = ev["version"]
+                unseen = unseen_records(self.events, ev)
+                ev = {k: v for k, v in ev.items() if k != "records"}
                 if ev["version"] == 0 and not self.events:
                     continue  # a fresh start, nothing to roll back
                 self.events.append(ev)
                 self.tracker.log_restore(ev)
                 self.progress.restarted(ev["version"])
+                for rec in unseen:
+                    self._step(rec)
             else:
-                self.events.append(ev)
-                self.tracker.log_step(ev)
-                self.progress.step(ev)
+                self._step(ev)
+
+    def _step(self, rec: dict) -> None:
+        self.events.append(rec)
+        self.tracker.log_step(rec)
+        self.progress.step(rec)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):

@@ -239,8 +239,9 @@ def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
 def _unsealed(d: Path, state: dict) -> bool:
     """Whether `d` is the checkpoint of `state` and still lacks its marker."""
     try:
-        return not (d / MARKER).exists() and read_trainer_state(d) == state
-    except (OSError, ValueError):
+        # the text, not the parsed dict: a step record may hold a NaN, unequal to itself
+        return not (d / MARKER).exists() and (d / STATE_FILE).read_text() == json.dumps(state)
+    except OSError:
         return False
 
 
@@ -402,8 +403,14 @@ def tombstone(d: Path) -> None:
 
 
 def trainer_state(version: int, next_ticket: int, batch_groups: int,
-                  consumed: list[int]) -> dict:
+                  consumed: list[int], records: list[dict] = ()) -> dict:
     """trainer_state.json of a checkpoint taken once `version` is trained.
+
+    `records` are the step records of the versions trained since the previous
+    checkpoint. The driver holds them until the job reads them (every 0.5 s), so a
+    driver killed in between would lose the last ones, and a resumed run would show a
+    hole where the checkpoint's versions were trained; the restart replays them
+    (`observe.tracking.unseen_records`).
 
     The rejected count is not kept by the trainer: the staleness gate in the driver
     owns it while the run goes on. At a step boundary it follows from the tickets,
@@ -415,11 +422,13 @@ def trainer_state(version: int, next_ticket: int, batch_groups: int,
         raise ValueError(f"next ticket {next_ticket} is below the {version} x {batch_groups} "
                          "groups trained so far")
     return {"version": version, "next_ticket": next_ticket, "rejected": rejected,
-            "consumed": list(consumed)}
+            "consumed": list(consumed), "records": list(records)}
 
 
 def read_trainer_state(ckpt_dir: str | Path) -> dict:
-    return json.loads((Path(ckpt_dir) / STATE_FILE).read_text())
+    state = json.loads((Path(ckpt_dir) / STATE_FILE).read_text())
+    state.setdefault("records", [])  # written before checkpoints kept their step records
+    return state
 
 
 def load_checkpoint(models, ckpt_dir: str | Path) -> None:

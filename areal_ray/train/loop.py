@@ -185,7 +185,8 @@ def train_loop_per_worker(config: dict) -> None:
     weights = pusher.gather(m.policy) if publish else None
     if rank == 0:
         ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,
-                                      pusher.object_payload(weights) if publish else None))
+                                      pusher.object_payload(weights) if publish else None,
+                                      records=state["records"]))
         print(f"[areal-ray] trainer starts at version {start}"
               f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
 
@@ -201,6 +202,7 @@ def train_loop_per_worker(config: dict) -> None:
     recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.from_config(cfg).seed) \
         if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
     t_start = t_prev = time.perf_counter()
+    unsaved: list[dict] = []  # step records since the last checkpoint (trainer_state)
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)
         if recorder is not None:
@@ -220,7 +222,9 @@ def train_loop_per_worker(config: dict) -> None:
             now = time.perf_counter()
             stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push,
                          **release)
-            stop = ray.get(driver.record_step.remote(step_record(step, groups, seqs, batch, stats)))
+            record = step_record(step, groups, seqs, batch, stats)
+            unsaved.append(record)
+            stop = ray.get(driver.record_step.remote(record))
             t_prev = now
         if dist.is_initialized():  # every rank stops at the same step
             flag = [stop]
@@ -229,9 +233,10 @@ def train_loop_per_worker(config: dict) -> None:
         every = cfg.train.checkpoint_every
         if every and ((step + 1) % every == 0 or stop):
             save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
-                                                      consumed),
+                                                      consumed, unsaved),
                             config["model_path"], cfg.train.checkpoint_hf_model,
                             keep=cfg.run.keep_checkpoints, adapter=adapter)
+            unsaved = []
         if dist.is_initialized():
             dist.barrier()
         if stop:

@@ -74,7 +74,7 @@ def test_new_generation_pauses_until_restore_which_rolls_weights_back(ray_cluste
     assert ray.get(restored, timeout=10)["published"]
     assert ray.get(waiting, timeout=10) == (0, 0)  # tickets restart at the checkpoint's
     assert ray.get(d.acquire.remote(0, gen)) is None  # position 0 was consumed
-    assert ray.get(d.steps.remote())[-1] == {"event": "restore", "version": 0}
+    assert ray.get(d.steps.remote())[-1] == {"event": "restore", "version": 0, "records": []}
 
 
 def test_events_read_by_the_job_are_let_go(ray_cluster):
