@@ -38,6 +38,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -137,6 +138,28 @@ class Parsed:
     tool_calls: list[dict]  # OpenAI's shape: {id, type: function, function: {name, arguments}}
 
 
+class OneLineParseErrors(logging.Filter):
+    """A sampled call that is not valid JSON is the policy's output, not a fault: vLLM's
+    parsers log it with `logger.exception` (a 10-line traceback each time; 285 in a
+    40-step run of conf/agents_sdk.yaml) and return the text as content, which is the
+    answer we want. This keeps the parser's line and drops the traceback; `seen` counts
+    them for the replica's log."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.levelno >= logging.ERROR:
+            self.seen += 1
+            what = record.exc_info[1]
+            record.msg = (f"{record.getMessage()} ({type(what).__name__}: {what}; the text is "
+                          f"returned as content; {self.seen} so far in this process)")
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 class ToolCallParser:
     """One of vLLM's tool parsers by registry name, on our tokenizer. vLLM is imported on
     the first request with tools (seconds, and memory, that an endpoint whose agents
@@ -157,6 +180,7 @@ class ToolCallParser:
                 raise ValueError(f"rollout.openai.tool_parser={self.name!r} is not one of vLLM's tool "
                                  f"parsers: none, {', '.join(ToolParserManager.list_registered())}") from None
             cls(self.tokenizer)  # one that cannot work with this tokenizer says so now
+            quiet(logging.getLogger(cls.__module__))
             self._cls = cls
         return self._cls
 
@@ -181,3 +205,13 @@ class ToolCallParser:
                   "function": {"name": c.function.name, "arguments": c.function.arguments}}
                  for j, c in enumerate(got.tool_calls)]
         return Parsed(got.content or None, calls)
+
+
+def quiet(logger: logging.Logger) -> OneLineParseErrors:
+    """`logger` with one OneLineParseErrors filter (installed once per process)."""
+    for f in logger.filters:
+        if isinstance(f, OneLineParseErrors):
+            return f
+    f = OneLineParseErrors()
+    logger.addFilter(f)
+    return f

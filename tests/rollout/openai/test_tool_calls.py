@@ -239,3 +239,30 @@ def test_tool_choice_none_does_not_parse_and_no_parser_refuses_auto(tokenizer, h
     plain = asyncio.run(scripted_service(tokenizer, None, [said]).chat(
         "s", {**body, "tool_choice": "none"}))
     assert plain["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_malformed_call_is_one_warning_line_not_a_traceback(hermes):
+    """vLLM's hermes parser logs a bad sample with logger.exception; the replica's log
+    gets one line per bad sample, and the text still comes back as content."""
+    import logging
+    import re
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger(hermes.parser_cls.__module__)
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        for _ in range(2):
+            got = hermes.parse("<tool_call>{not json</tool_call>", hermes.request(TOOLS, "auto"),
+                               call_index=0, output_ids=[1])
+            assert got.content == "<tool_call>{not json</tool_call>" and not got.tool_calls
+    finally:
+        logger.removeHandler(keep)
+    assert len(records) == 2 and all(r.exc_info is None and r.levelname == "WARNING" for r in records)
+    assert "JSONDecodeError" in records[0].getMessage() and "returned as content" in records[0].getMessage()
+    counts = [int(re.search(r"(\d+) so far", r.getMessage()).group(1)) for r in records]
+    assert counts[1] == counts[0] + 1
