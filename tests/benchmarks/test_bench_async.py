@@ -1,5 +1,5 @@
-"""The headline benchmark: its report logic on known arms, and the real job on the
-tiny model (two etas x both objectives, a few steps each)."""
+"""The headline benchmark: its report logic on known arms, each objective's arm config,
+and the real job on the tiny model (two etas of one objective, a few steps each)."""
 
 import json
 
@@ -53,18 +53,28 @@ def test_bench_main_rejects_a_bad_config_before_running(capsys):
     assert "etas must include 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("objective,decoupled", [("decoupled", True), ("ppo", False)])
+def test_an_arm_is_the_base_config_with_its_eta_and_objective(tmp_path, objective, decoupled):
+    c = load_config("conf/bench_async.yaml", [], schema=BenchAsyncConfig)
+    cfg = bench_async.arm_config(c.base, 4, objective, tmp_path / "r")
+    assert (cfg.algo.eta, cfg.algo.loss.decoupled, cfg.run.eval_after) == (4, decoupled, True)
+    assert cfg.run.name == f"bench-async-eta4-{objective}" and cfg.run.run_dir == str(tmp_path / "r")
+    assert c.base.algo.eta != 4 and c.base.algo.loss.decoupled  # each arm is a copy
+
+
 def test_bench_async_runs_every_arm(ray_cluster, embedded_model, tmp_path, capsys):
+    """Plain PPO's arms only: the decoupled objective is every other job's default, and
+    each objective's arm config is checked above (two arms here instead of four)."""
     out = tmp_path / "bench" / "report.json"
     rc = bench_async.main([
-        "--config", "conf/bench_async.yaml", "etas=[0,1]", f"out={out}",
+        "--config", "conf/bench_async.yaml", "etas=[0,1]", "objectives=[ppo]", f"out={out}",
         f"base.model.path={embedded_model}", "base.train.steps=3", "base.algo.batch_groups=4",
         "base.rollout.group_size=4", "base.rollout.max_new_tokens=48", "base.task.n_eval=16",
         f"base.run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
     assert rc == 0
     report = json.loads(out.read_text())
     arms = report["arms"]
-    assert [(a["eta"], a["objective"]) for a in arms] == [
-        (0, "decoupled"), (0, "ppo"), (1, "decoupled"), (1, "ppo")]
+    assert [(a["eta"], a["objective"]) for a in arms] == [(0, "ppo"), (1, "ppo")]
     for a in arms:
         config = json.loads((tmp_path / a["run_dir"] / "config.json").read_text())
         assert config["algo"]["eta"] == a["eta"]
@@ -79,5 +89,5 @@ def test_bench_async_runs_every_arm(ray_cluster, embedded_model, tmp_path, capsy
         assert a["vs_eta0"]["steady_samples_per_s"] == pytest.approx(
             a["steady_samples_per_s"] / sync["steady_samples_per_s"])
     assert (tmp_path / "bench" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len((tmp_path / "bench" / "report.md").read_text().splitlines()) == 2 + 4
+    assert len((tmp_path / "bench" / "report.md").read_text().splitlines()) == 2 + 2
     assert report["summary"] in capsys.readouterr().out
