@@ -202,6 +202,7 @@ def train_loop_per_worker(config: dict) -> None:
     recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.from_config(cfg).seed) \
         if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
     t_start = t_prev = time.perf_counter()
+    every = cfg.train.checkpoint_every
     unsaved: list[dict] = []  # step records since the last checkpoint (trainer_state)
     for step in range(start, cfg.train.steps):
         batch = assembler.next_step(step)
@@ -223,14 +224,14 @@ def train_loop_per_worker(config: dict) -> None:
             stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push,
                          **release)
             record = step_record(step, groups, seqs, batch, stats)
-            unsaved.append(record)
+            if every:  # kept only for a checkpoint to come: a run without any keeps none
+                unsaved.append(record)
             stop = ray.get(driver.record_step.remote(record))
             t_prev = now
         if dist.is_initialized():  # every rank stops at the same step
             flag = [stop]
             dist.broadcast_object_list(flag, src=0)
             stop = flag[0]
-        every = cfg.train.checkpoint_every
         if every and ((step + 1) % every == 0 or stop):
             save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
                                                       consumed, unsaved),
