@@ -44,7 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from areal_ray.rollout.engine_client import EngineClient
+from areal_ray.rollout.engine_client import DRAIN_POLL_S, EngineClient
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.rollout.openai.affinity import SessionLost, SessionRegistry, shard_of
 from areal_ray.rollout.openai.auth import RequestGuard
@@ -292,7 +292,8 @@ def build_openai_app(cfg, rollout_app, model_path: str):
     ingress holding shard 0; no CPU reserved (they wait on the Rollout replicas)."""
     opts = EndpointOptions.from_config(cfg.rollout)
     common = dict(num_replicas=1, max_ongoing_requests=cfg.rollout.openai.max_ongoing_requests,
-                  ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False})
+                  ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False},
+                  graceful_shutdown_wait_loop_s=DRAIN_POLL_S)
     shard = serve.deployment(SessionShard)
     others = [shard.options(name=f"{OPENAI_DEPLOYMENT}-{k}", **common).bind(rollout_app, model_path, opts, k)
               for k in range(1, opts.replicas)]

@@ -36,6 +36,7 @@ from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import Config
 from areal_ray.config.root import lora_push_mode
 from areal_ray.observe.metrics import ReplicaMetrics
+from areal_ray.rollout.engine_client import DRAIN_POLL_S
 from areal_ray.rollout.engines.adapters import lora_slots
 from areal_ray.rollout.engines.base import FINISH, EngineOptions, GenerationRequest
 from areal_ray.rollout.engines.registry import build_engine
@@ -106,7 +107,8 @@ async def all_or_none(coros) -> list:
         raise
 
 
-@serve.deployment(name=DEPLOYMENT_NAME, health_check_period_s=5, health_check_timeout_s=60)
+@serve.deployment(name=DEPLOYMENT_NAME, health_check_period_s=5, health_check_timeout_s=60,
+                  graceful_shutdown_wait_loop_s=DRAIN_POLL_S)
 class RolloutServer:
     async def __init__(self, model_path: str, driver_name: str = "", namespace: str = "",
                    opts: ServerOptions | None = None):

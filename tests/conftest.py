@@ -100,19 +100,17 @@ def one_rank_group():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A private local cluster shared by every test that needs Ray (started once).
-    With its dashboard, and workers told where it is (RAY_API_SERVER_ADDRESS): Ray
-    Train's PlacementGroupCleaner asks the state API whether the controller lives, and
-    without a dashboard each ask ran into its 10 s timeout, so stopping the cleaner cost
-    every training job ~13 s at its end (or the ask found another cluster on the host)."""
+    """A private local cluster shared by every test that needs Ray (started once), with
+    its dashboard and the workers' environment of a cluster the job starts itself
+    (areal_ray.cluster.system_config.local_worker_env)."""
     import ray
 
     from areal_ray.cluster.head import free_ports
+    from areal_ray.cluster.system_config import local_worker_env
     (port,) = free_ports(1)
-    env = {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
-           "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
     ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=port, runtime_env={"env_vars": env}, logging_level="WARNING")
+             dashboard_port=port, runtime_env={"env_vars": local_worker_env(str(REPO), port)},
+             logging_level="WARNING")
     from ray.data import DataContext
     DataContext.get_current().enable_progress_bars = False
     yield ray

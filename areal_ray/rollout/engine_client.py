@@ -25,6 +25,12 @@ from areal_ray.rollout.engines.base import GenerationRequest
 logger = logging.getLogger(__name__)
 # ~1 min in all, backing off up to 10 s: Serve starts a replacement replica in seconds.
 REPLICA_RETRIES = 8
+# The rollout app's `graceful_shutdown_wait_loop_s`: a stopping replica sleeps this long
+# before it first counts its ongoing requests (Serve's default 2 s, there for routers
+# to drop it first; a handle's router hears of it by long poll within milliseconds,
+# and a call that still reaches a stopped replica goes again, above). A job's end
+# waits one such sleep for its app, as does every replica autoscaling retires.
+DRAIN_POLL_S = 0.25
 
 
 class EngineClient:

@@ -37,7 +37,7 @@ from areal_ray.cluster.placement import (
     train_start_problem,
     wait_for_app,
 )
-from areal_ray.cluster.system_config import system_config
+from areal_ray.cluster.system_config import local_worker_env, system_config
 from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
@@ -121,16 +121,12 @@ def init_ray(cfg: Config) -> None:
         ray.init(address=cfg.run.ray_address, logging_level="WARNING",
                  runtime_env={"working_dir": str(REPO_ROOT)})
     else:
-        # With its dashboard, and the workers told where it is: Ray Train's
-        # PlacementGroupCleaner asks the state API whether the controller lives, and
-        # without a dashboard every ask runs into a 10 s timeout (or finds another
-        # cluster on the host), which cost each job ~13 s at its end.
+        # With its dashboard, which the workers are told of (local_worker_env).
         port = free_port()
-        env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               "TOKENIZERS_PARALLELISM": "false", "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
         ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=True,
                  dashboard_host="127.0.0.1", dashboard_port=port,
-                 runtime_env={"env_vars": env}, logging_level="WARNING",
+                 runtime_env={"env_vars": local_worker_env(str(REPO_ROOT), port)},
+                 logging_level="WARNING",
                  _system_config=system_config(cfg.run))  # bounds the GCS's task events
         print(f"[areal-ray] Ray dashboard at http://127.0.0.1:{port}", flush=True)
 

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 from ray.exceptions import ActorDiedError
 
-from areal_ray.rollout.engine_client import REPLICA_RETRIES, EngineClient
+from areal_ray.rollout.engine_client import DRAIN_POLL_S, REPLICA_RETRIES, EngineClient
 from areal_ray.rollout.engines.base import GenerationRequest
 
 
@@ -93,3 +93,20 @@ def test_backoff_doubles_up_to_its_cap_about_a_minute_in_all():
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="retries"):
         EngineClient(DyingApp(0), retries=-1)
+
+
+def test_every_deployment_of_the_app_drains_at_the_clients_poll():
+    """A stopping replica of the rollout app and of its OpenAI endpoint waits
+    DRAIN_POLL_S (not Serve's 2 s) before it counts its ongoing requests: a job's end
+    waits that long for its app; a call that reaches a stopped replica is retried."""
+    from areal_ray.config import load_config
+    from deployments.openai_api import build_openai_app
+    from deployments.rollout import build_app
+
+    cfg = load_config("conf/agents_sdk.yaml", ["rollout.openai.api_key=a-test-key-of-24-chars", "rollout.openai.replicas=2"])
+    app = build_app(cfg, "model")
+    endpoint = build_openai_app(cfg, app, "model")
+    shards = endpoint._bound_deployment.init_args[3]
+    for bound in (app, endpoint, *shards):
+        assert bound._bound_deployment._deployment_config.graceful_shutdown_wait_loop_s == DRAIN_POLL_S
+    assert len(shards) == 1 and DRAIN_POLL_S < 2.0

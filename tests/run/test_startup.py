@@ -42,3 +42,7 @@ def test_replicas_that_never_run_fail_the_job_and_take_the_trainer_started_besid
     dashboard = ray.get_runtime_context().runtime_env["env_vars"]["RAY_API_SERVER_ADDRESS"]
     alive = [a.class_name for a in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")])]
     assert not {"TrainController", "RayTrainWorker", "Driver"} & set(alive), alive
+    # the trainer's worker group had started, and on a local cluster (the one a job
+    # starts, local_worker_env) Ray Train starts no preemption watcher beside it
+    ever = {a.class_name for a in list_actors(address=dashboard, limit=10_000)}
+    assert "RayTrainWorker" in ever and "PreemptionWatcher" not in ever, ever
