@@ -1,6 +1,7 @@
 """End to end: reproducible runs. An asynchronous run (eta 2) records what every step
 trained; replaying it retrains bit-identically, and a changed objective on replay
-differs only in training. Two deterministic runs at eta 0 are bit-identical."""
+differs only in training. Two deterministic runs at eta 0 are bit-identical.
+The recorded run is also the suite's dynamic-filter run (one job, both sets of checks)."""
 
 import json
 from pathlib import Path
@@ -74,6 +75,23 @@ def test_every_step_is_recorded(recorded):
             for s in g.samples:
                 assert len(s.output_ids) == len(s.logprobs) == len(s.versions) > 0
                 assert s.reward is not None
+
+
+def test_the_dynamic_filter_trains_only_informative_groups(recorded):
+    """DAPO dynamic sampling through the gate, on the recorded run (its filter is on):
+    groups whose rewards all agree are dropped and their slots refilled, every step
+    still trains B groups with signal, within the bound, each prompt consumed once."""
+    steps = steps_of(recorded)
+    for s in steps:
+        assert s["informative_groups"] == len(s["tickets"]) == B
+        assert s["n_samples"] == B * N
+        assert s["staleness_max"] <= 2
+    used = [p for s in steps for p in s["positions"] + s["filtered_positions"]]
+    assert len(used) == len(set(used))  # each prompt consumed once, trained or dropped
+    # one-step problems at T=0.6: many groups are all right (or all wrong)
+    assert sum(len(s["filtered_positions"]) for s in steps) > 0
+    tickets = [t for s in steps for t in s["tickets"]]
+    assert tickets == sorted(tickets)
 
 
 def test_a_replay_retrains_bit_identically(recorded, embedded_model, tmp_path):

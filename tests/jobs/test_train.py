@@ -98,31 +98,6 @@ def test_code_task_runs_end_to_end_with_sandboxed_rewards(ray_cluster, embedded_
                                             "timeout", "exit", "killed", "output limit"}
 
 
-def test_dynamic_filter_trains_only_informative_groups(ray_cluster, embedded_model, tmp_path):
-    """DAPO dynamic sampling through the gate: all-equal groups are dropped, their slots
-    refilled, every step still trains B groups with signal, within the bound."""
-    cfg = load_config("conf/quickstart.yaml", [
-        f"model.path={embedded_model}", "algo.eta=1", f"algo.batch_groups={B}", "train.steps=3",
-        "rollout.group_size=8", "algo.dynamic_filter.enabled=true",
-        # most groups of the tiny model agree (all wrong); 4x prompts ran out once
-        "algo.dynamic_filter.prompt_factor=8",
-        "run.eval_before=false", "task.n_eval=8", f"run.run_dir={tmp_path / 'run'}",
-        f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
-    run_training(cfg)
-    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
-    assert len(steps) == 3
-    for s in steps:
-        assert s["informative_groups"] == len(s["tickets"]) == B
-        assert s["n_samples"] == B * 8
-        assert s["staleness_max"] <= 1
-    used = [p for s in steps for p in s["positions"] + s["filtered_positions"]]
-    assert len(used) == len(set(used))  # each prompt consumed once, trained or dropped
-    # ~15% accuracy with 8 samples: about a quarter of the groups are all-wrong
-    assert sum(len(s["filtered_positions"]) for s in steps) > 0
-    tickets = [t for s in steps for t in s["tickets"]]
-    assert tickets == sorted(tickets)
-
-
 def test_a_users_workflow_that_rejects_rows_trains_every_step(ray_cluster, embedded_model, tmp_path):
     """A workflow named by dotted path, rejecting every odd prompt position: rejected
     rows hold their tickets and are dropped by the trainer, so every step still trains
