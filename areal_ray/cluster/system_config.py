@@ -1,4 +1,5 @@
-"""Ray system settings of a local cluster the job starts: what bounds Ray's own memory.
+"""Ray settings of a local cluster the job starts: the system settings that bound Ray's
+own memory, and its workers' environment (`local_worker_env`).
 
 The GCS keeps an event record of every task and actor call for the dashboard and
 `ray list tasks`, up to `task_events_max_num_task_in_gcs` (100,000 in Ray 2.60),
@@ -39,7 +40,6 @@ def system_config(run) -> dict:
             "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs":
                 DROPPED_TRACKED_PER_KEPT * run.task_events_kept,
             "max_direct_call_object_size": run.inline_result_bytes}
-
 
 
 def local_worker_env(repo_root: str, dashboard_port: int) -> dict[str, str]:
