@@ -3,8 +3,9 @@
 `ownership.py`; this module only looks at the cluster and removes.
 
 Each kind is listed before its owners are read (see ownership.py): Serve apps from
-`serve.status()`, weight files by a zero-CPU task on every alive node (/dev/shm is per
-node, and a writer's pid means something only there), Ray Train's placement-group
+`serve.status()`, weight files on every alive node (/dev/shm is per node, and a
+writer's pid means something only there: a zero-CPU task on each other node, this
+process itself on its own), Ray Train's placement-group
 cleaners from the GCS actor table. The GCS tables, not the state API (`ray.util.state`),
 because the cleaners loop exactly where the state API is missing (no dashboard).
 """
@@ -89,6 +90,15 @@ def sweep_local_files(dry_run: bool, own_tag: str = "") -> list[str]:
     return [str(p) for p in stale]
 
 
+def this_node() -> str | None:
+    """The node this process runs on, whose files the sweep reads itself: a task there
+    would start a worker process (~1 s per job on a one-node cluster) to do the same.
+    None for a Ray Client session, whose process is on no node of the cluster."""
+    if ray.util.client.ray.is_connected():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
 @ray.remote(num_cpus=0, max_retries=0)
 def _sweep_node_files(dry_run: bool, own_tag: str) -> list[str]:
     return sweep_local_files(dry_run, own_tag)
@@ -108,10 +118,14 @@ def sweep(dry_run: bool = False, own_tag: str = "") -> SweepReport:
             serve.delete(app)  # blocks until its replicas are gone
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    found = ray.get([_sweep_node_files.options(
+    here = this_node()
+    tasks = {n["NodeID"]: _sweep_node_files.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-    ).remote(dry_run, own_tag) for n in nodes], timeout=120)
-    report.files = [f"{n['NodeManagerAddress']}:{p}" for n, paths in zip(nodes, found) for p in paths]
+    ).remote(dry_run, own_tag) for n in nodes if n["NodeID"] != here}
+    found = dict(zip(tasks, ray.get(list(tasks.values()), timeout=120)))
+    if here is not None and any(n["NodeID"] == here for n in nodes):
+        found[here] = sweep_local_files(dry_run, own_tag)
+    report.files = [f"{n['NodeManagerAddress']}:{p}" for n in nodes for p in found[n["NodeID"]]]
 
     from ray._private import (
         state,  # GCS tables: answer without the dashboard (docstring)

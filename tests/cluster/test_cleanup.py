@@ -45,6 +45,23 @@ def test_sweep_local_files(ray_cluster, tmp_path, monkeypatch):
             ray_cluster.kill(d)
 
 
+def test_the_sweep_reads_its_own_nodes_files_without_a_task(ray_cluster, tmp_path, monkeypatch):
+    """A job's start-up sweep on a one-node cluster: the files of the node it runs on are
+    read in its own process (weight_dirs patched here is seen), no task is started."""
+    class NoTask:
+        def options(self, **_):
+            raise AssertionError("a task was started for the sweeping process's own node")
+
+    monkeypatch.setattr(cleanup, "_sweep_node_files", NoTask())
+    monkeypatch.setattr(cleanup, "weight_dirs", lambda: [tmp_path])
+    dead = DEAD.weight_file("weights", cleanup.this_cluster(), os.getpid(), "0.bin")
+    (tmp_path / dead).write_bytes(b"x")
+    (node,) = [n for n in ray_cluster.nodes() if n["Alive"]]
+    report = cleanup.sweep(dry_run=True)
+    assert report.files == [f"{node['NodeManagerAddress']}:{tmp_path / dead}"]
+    assert (tmp_path / dead).exists()
+
+
 def test_sweep_removes_a_dead_jobs_app_on_a_cluster_without_a_dashboard(ray_cluster):
     """The start-up sweep of every job (areal_ray/run/job.py), on the kind of cluster where
     Ray's state API does not answer: Serve apps, every node's files, the GCS tables."""
