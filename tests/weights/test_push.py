@@ -46,10 +46,8 @@ def perturb(model, seed):
             p.add_(0.01 * torch.randn(p.shape, generator=g))
 
 
-@pytest.fixture
-def rollout(ray_cluster, embedded_model, request):
+def start_app(embedded_model, replicas: int):
     tag = uuid.uuid4().hex[:6]
-    replicas = request.param
     driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=15.0)
     ns = ray.get_runtime_context().namespace
     serve.start(proxy_location="Disabled")
@@ -57,48 +55,77 @@ def rollout(ray_cluster, embedded_model, request):
     cfg = load_config(None, [f"rollout.min_replicas={replicas}", f"rollout.max_replicas={replicas}",
                              "rollout.num_cpus=0.5", "weights.timeout_s=5.0"])
     handle = serve.run(build_app(cfg, embedded_model, f"drv-{tag}", ns), name=app, route_prefix=None)
-    yield driver, handle, app
+    return driver, handle, app
+
+
+def stop_app(driver, app) -> None:
     serve.delete(app)
     ray.kill(driver)
 
 
-@pytest.mark.parametrize("rollout", [1], indirect=True)
+@pytest.fixture(scope="module")
+def one_replica(ray_cluster, embedded_model):
+    """One replica for the module's push tests, which take turns on it (a replica takes
+    ~10 s to start): each pushes the versions after the previous test's (`next_version`),
+    as the successive pushers of a restarted trainer would."""
+    driver, handle, app = start_app(embedded_model, 1)
+    versions = iter(range(1, 1000))
+    yield driver, handle, lambda: next(versions)
+    stop_app(driver, app)
+
+
+@pytest.fixture
+def two_replicas(ray_cluster, embedded_model):
+    driver, handle, app = start_app(embedded_model, 2)
+    yield driver, handle, app
+    stop_app(driver, app)
+
+
 @pytest.mark.parametrize("path,expected", [
     ("collective", "collective"), ("object_store", "object_store"), ("disk", "disk"),
     ("shm", "shm"), ("auto", "shm"),  # auto: every replica is on this node -> shared memory
 ])
-def test_every_path_delivers_bit_identical_weights(rollout, embedded_model, tmp_path, path,
+def test_every_path_delivers_bit_identical_weights(one_replica, embedded_model, tmp_path, path,
                                                    expected):
-    driver, handle, _ = rollout
+    driver, handle, next_version = one_replica
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
     pusher = WeightPusher(WeightsConfig(path=path, bucket_mb=1, timeout_s=10.0), driver, 0,
                           str(tmp_path / "weights"))
-    for version in (1, 2):  # the second collective push reuses the group
-        perturb(model, version)
-        weights, stats = pusher.push(model, version)
-        assert stats["push_path"] == expected and stats["replicas"] == 1 and stats["push_dropped"] == 0
-        assert stats["push_bytes"] == sum(v.numel() * v.element_size() for v in weights.values())
-        assert {v for v in replica_digests(handle, 1).values()} == {(version, digest(model.state_dict()))}
+    try:
+        for _ in range(2):  # the second collective push reuses the group
+            version = next_version()
+            perturb(model, version)
+            weights, stats = pusher.push(model, version)
+            assert stats["push_path"] == expected and stats["replicas"] == 1 and stats["push_dropped"] == 0
+            assert stats["push_bytes"] == sum(v.numel() * v.element_size() for v in weights.values())
+            assert {v for v in replica_digests(handle, 1).values()} == {(version, digest(model.state_dict()))}
+    finally:
+        pusher.close()
 
 
-@pytest.mark.parametrize("rollout", [1], indirect=True)
-def test_every_path_delivers_a_bit_identical_adapter(rollout, embedded_model, tmp_path):
+def test_every_path_delivers_a_bit_identical_adapter(one_replica, embedded_model, tmp_path):
     """model.lora: each path carries the adapter alone (an `AdapterPayload` of the base,
     at the push's version), and the replica's hf engine then serves exactly the merged
-    model the trainer's exports hold (weights/adapter.py: merged_state)."""
+    model the trainer's exports hold (weights/adapter.py: merged_state). (The replica
+    first gets the base back: the module's other tests pushed other weights.)"""
     from areal_ray.config import LoraConfig
     from areal_ray.train.lora import adapter_meta, adapter_state, apply_lora
     from areal_ray.weights.adapter import Adapter, merged_state
-    driver, handle, _ = rollout
+    driver, handle, next_version = one_replica
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
     base = {k: v.clone() for k, v in model.state_dict().items()}
+    full = WeightPusher(WeightsConfig(path="object_store"), driver, 0, str(tmp_path / "weights"))
+    version = next_version()
+    full.push(model, version)
+    assert set(replica_digests(handle, 1).values()) == {(version, digest(base))}
     lora = LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "down_proj"])
     model = apply_lora(model, lora)
     meta = adapter_meta(model, lora, embedded_model, "float32")
     adapter_bytes = sum(v.numel() * 4 for v in adapter_state(model).values())
     paths = [("collective", "collective"), ("object_store", "object_store"), ("disk", "disk"),
              ("shm", "shm"), ("auto", "shm"), ("collective", "collective")]
-    for version, (path, expected) in enumerate(paths, start=1):
+    for path, expected in paths:
+        version = next_version()
         g = torch.Generator().manual_seed(version)
         with torch.no_grad():
             for p in model.parameters():
@@ -117,9 +144,9 @@ def test_every_path_delivers_a_bit_identical_adapter(rollout, embedded_model, tm
     assert want != digest(base)
 
 
-@pytest.mark.parametrize("rollout", [2], indirect=True)
-def test_a_dead_replica_is_dropped_and_a_restarted_one_catches_up(rollout, embedded_model, tmp_path):
-    driver, handle, app = rollout
+def test_a_dead_replica_is_dropped_and_a_restarted_one_catches_up(two_replicas, embedded_model,
+                                                                  tmp_path):
+    driver, handle, app = two_replicas
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
     pusher = WeightPusher(WeightsConfig(path="collective", bucket_mb=1, timeout_s=5.0), driver, 0,
                           str(tmp_path))
