@@ -71,6 +71,7 @@ class GPUCheckConfig:
     attn: str = opt("", "attention kernel of the train step; empty: the run config's model.attn_implementation (sdpa if unset, and on CPU)")
     activation_checkpointing: str = opt("", "true|false: override the run config's train.activation_checkpointing")
     push_mb: int = opt(256, "size of the weights pushed in the weight_push piece")
+    push_timeout_s: float = opt(10.0, "weight_push piece: the group's timeout, within which the sender must see that a receiver never receives (it stays 5 s longer)")
     engine: str = opt("auto", "auto (sglang, then vllm, then hf: the first installed) | sglang | vllm | hf")
     engine_model: str = opt("artifacts/tiny", "model directory the engine piece serves")
     loop_steps: int = opt(3, "loop piece: generate -> train -> push rounds")
@@ -242,13 +243,14 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
 
 
 # ----------------------------------------------------------------- weight_push
-def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nbytes: int, q) -> None:
+def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nbytes: int,
+                 timeout_s: float, q) -> None:
     from areal_ray.weights.encoding import WeightGroup, digest, manifest_of
     try:
         if backend == "nccl":
             torch.cuda.set_device(device)
         store = WeightGroup.connect("127.0.0.1", port, 60, is_master=rank == 0)
-        group = WeightGroup(store, 1, rank, 2, timeout_s=10, backend=backend)
+        group = WeightGroup(store, 1, rank, 2, timeout_s=timeout_s, backend=backend)
         g = torch.Generator().manual_seed(1)
         n = nbytes // 2 // 8
         state = {f"w{i}": torch.randn(n, generator=g).to(torch.bfloat16) for i in range(8)}
@@ -261,7 +263,7 @@ def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nby
             except RuntimeError as e:
                 q.put((0, "error", {"message": str(e), "s": time.perf_counter() - t0}))
         elif mode == "idle":
-            time.sleep(15)
+            time.sleep(timeout_s + 5)
             q.put((1, "idle", {}))
         else:
             got = {k: t.cpu().clone() for k, t in group.recv(specs, 64 << 20)}
@@ -270,11 +272,12 @@ def _push_member(rank: int, port: int, backend: str, device: int, mode: str, nby
         q.put((rank, "crash", {"message": f"{type(e).__name__}: {e}"}))
 
 
-def _push_round(backend: str, devices: list[int], mode: str, nbytes: int) -> dict:
+def _push_round(backend: str, devices: list[int], mode: str, nbytes: int, timeout_s: float) -> dict:
     from areal_ray.weights.encoding import free_port
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_push_member, args=(r, port, backend, devices[r], mode, nbytes, q))
+    procs = [ctx.Process(target=_push_member,
+                         args=(r, port, backend, devices[r], mode, nbytes, timeout_s, q))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -297,14 +300,15 @@ def check_weight_push(c: GPUCheckConfig, dev: torch.device) -> dict:
         return {"status": "SKIP", "reason": f"{torch.cuda.device_count()} GPU: NCCL refuses two ranks "
                 "on one GPU; a one-GPU layout pushes by shm (weights.path=shm)"}
     devices = [0, 1] if backend == "nccl" else [0, 0]
-    ok_round = _push_round(backend, devices, "receive", c.push_mb << 20)
-    fail_round = _push_round(backend, devices, "idle", 1 << 20)
+    ok_round = _push_round(backend, devices, "receive", c.push_mb << 20, c.push_timeout_s)
+    fail_round = _push_round(backend, devices, "idle", 1 << 20, c.push_timeout_s)
     sent, got, err = ok_round.get(0, {}), ok_round.get(1, {}), fail_round.get(0, {})
     out = {"backend": backend, "push": ok_round, "absent_receiver": fail_round}
     if sent.get("kind") == "sent":
         out["gbit_per_s"] = round(sent["bytes"] * 8 / sent["s"] / 1e9, 2)
     ok = (sent.get("kind") == "sent" and got.get("equal") is True and not ok_round["hung"]
-          and err.get("kind") == "error" and err["s"] < 30 and 0 not in fail_round["hung"])
+          and err.get("kind") == "error" and err["s"] < 3 * c.push_timeout_s
+          and 0 not in fail_round["hung"])
     return {"status": "PASS" if ok else "FAIL", **out}
 
 

@@ -10,7 +10,7 @@ from jobs import gpu_check
 def test_gpu_check_cpu_pieces_pass(random_model_dir, embedded_model, tmp_path):
     out = tmp_path / "gpu_check.json"
     rc = gpu_check.main(["device=cpu", f"model_config={random_model_dir}", "tokens=256",
-                         "push_mb=8", "engine=hf", "loop_steps=2", "loop_prompts=2", "loop_new_tokens=8", f"engine_model={embedded_model}", f"out={out}"])
+                         "push_mb=8", "push_timeout_s=2", "engine=hf", "loop_steps=2", "loop_prompts=2", "loop_new_tokens=8", f"engine_model={embedded_model}", f"out={out}"])
     report = json.loads(out.read_text())
     assert rc == 0, report
     pieces = report["pieces"]
