@@ -43,6 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from tempfile import TemporaryDirectory
 
 import psutil
 
@@ -224,31 +225,56 @@ def run_ours(c: BenchPeersConfig, seed: int, root: Path, eta: int) -> dict:
 
 
 def grade(run: dict, c: BenchPeersConfig) -> None:
-    """Greedy held-out accuracy of every saved model of `run`, by our evaluator."""
-    from ray import serve
+    """Greedy held-out accuracy of every saved model of `run`, by our evaluator: one
+    rollout app for the run, serving its first model, then each next one pushed into it
+    as the trainer pushes (a replica starts in ~9 s here; a push of the tiny model takes
+    milliseconds), checked by the replica's weights digest before it is graded."""
+    import uuid
 
-    from areal_ray.config import load_config
+    import ray
+    from ray import serve
+    from transformers import AutoModelForCausalLM
+
+    from areal_ray.config import WeightsConfig, load_config
     from areal_ray.data.prompts import eval_rows
+    from areal_ray.driver import Driver
     from areal_ray.run.eval import evaluate
     from areal_ray.run.job import init_ray
     from areal_ray.task.tokenizer import load_tokenizer
+    from areal_ray.weights.encoding import digest
+    from areal_ray.weights.push import WeightPusher
     from deployments.rollout import build_app
     cfg = load_config(c.run_config, ["rollout.backend=hf"])
     init_ray(cfg)
     serve.start(proxy_location="Disabled")
     rows = eval_rows(cfg.task)
-    reached = False
-    for i, m in enumerate(run["models"]):
-        if reached and not c.grade_past_target and i < len(run["models"]) - 1:
-            m["accuracy"] = None  # not graded: the time to target is known already
-            continue
-        app = f"peers-eval-{run['system']}-{run['seed']}-{m['step']}"
-        handle = serve.run(build_app(cfg, m["path"]), name=app, route_prefix=None)
-        try:
-            m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows, cfg)["accuracy"]
-        finally:
-            serve.delete(app)
-        reached = reached or m["accuracy"] >= c.target_accuracy
+    tag = uuid.uuid4().hex[:6]
+    driver_name, app = f"peers-eval-driver-{tag}", f"peers-eval-{run['system']}-{run['seed']}-{tag}"
+    driver = Driver.options(name=driver_name).remote(eta=1, batch_groups=1, push_timeout_s=120.0)
+    first = run["models"][0]["path"]
+    handle = serve.run(build_app(cfg, first, driver_name, ray.get_runtime_context().namespace),
+                       name=app, route_prefix=None)
+    try:
+        with TemporaryDirectory() as weights_dir:
+            pusher = WeightPusher(WeightsConfig(path="object_store"), driver, 0, weights_dir)
+            reached, version = False, 0
+            for i, m in enumerate(run["models"]):
+                if reached and not c.grade_past_target and i < len(run["models"]) - 1:
+                    m["accuracy"] = None  # not graded: the time to target is known already
+                    continue
+                if m["path"] != first:
+                    model = AutoModelForCausalLM.from_pretrained(m["path"])
+                    version += 1
+                    pusher.push(model, version)
+                    served = handle.weights_digest.remote().result(timeout_s=120)
+                    if (served["version"], served["digest"]) != (version, digest(model.state_dict())):
+                        raise RuntimeError(f"the eval replica does not serve {m['path']}: {served}")
+                m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows, cfg)["accuracy"]
+                reached = reached or m["accuracy"] >= c.target_accuracy
+            pusher.close()
+    finally:
+        serve.delete(app)
+        ray.kill(driver)
     run["final_accuracy"] = run["models"][-1]["accuracy"]
     run["samples_per_s"] = run["n_samples"] / run["train_s"]
     run["end_to_end_samples_per_s"] = run["n_samples"] / run["last_step_s"]
