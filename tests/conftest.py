@@ -135,11 +135,14 @@ def tools_model() -> str:
     return resolve_model("artifacts/tiny-tools")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def head_cluster(tmp_path_factory):
     """A separate cluster started the way users start one (`ray start --head`), with
     the dashboard (job server) and a metrics export port. Its own process group, so
-    tearing it down cannot touch the session's cluster (`ray stop` would stop both)."""
+    tearing it down cannot touch the session's cluster (`ray stop` would stop both).
+    One for the session, as a user's cluster outlives their jobs: the modules that
+    submit to it, kill a job on it and attach notebooks to it take turns (each start
+    cost ~7 s, and its first job Serve's and Ray Data's start-up again)."""
     from areal_ray.cluster.head import start_head
     head = start_head(tmp_path_factory.mktemp("head") / "ray_start.log",
                       extra_env={"RAY_metrics_report_interval_ms": "2000"})
