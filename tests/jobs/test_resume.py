@@ -66,8 +66,15 @@ def kill_a_train_worker_when(run_dir, version: int, killed: list) -> None:
 
 
 def test_new_job_resumes_a_runs_checkpoint(ray_cluster, embedded_model, tmp_path):
+    """The first job is also the suite's synchronous run, as on one shared GPU: eta 0,
+    the replica freeing its engine's memory every step, evaluated before and after
+    (test_train.check_run)."""
+    from tests.jobs.test_train import check_run
     run_dir, db = tmp_path / "run", tmp_path / "mlflow.db"
-    first = run_training(config(embedded_model, run_dir, db, "train.steps=2", "algo.eta=0"))
+    first = run_training(config(embedded_model, run_dir, db, "train.steps=2", "algo.eta=0",
+                                "rollout.release_memory=true", "run.eval_before=true"))
+    check_run(run_dir, db, first, 2, 0, "shm", released=True)
+    assert 0.0 <= first["eval_accuracy_before"] <= 1.0
     with pytest.raises(ConfigError, match="run.resume=true"):
         run_training(config(embedded_model, run_dir, db, "train.steps=4", "algo.eta=0"))
     first_config = (run_dir / "config.json").read_text()

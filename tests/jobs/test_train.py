@@ -18,8 +18,53 @@ REQUIRED_SUMMARY_KEYS = {"steps", "eval_accuracy_before", "eval_accuracy_after",
                          "samples_per_s", "tokens_per_s", "max_staleness", "eta"}
 
 
-@pytest.mark.parametrize("eta,workers,backend", [(0, 1, "hf"), (1, 2, "hf"), (4, 1, "hf"),
-                                                 (2, 1, "vllm")])
+def check_run(run_dir, mlflow_db, summary: dict, steps_n: int, eta: int, push_path: str,
+              released: bool) -> list[dict]:
+    """What every finished run of B x 4 samples per step leaves, at bound `eta`: the step
+    records (tickets exactly once, in order; staleness within the bound; the push path;
+    with `released`, the replica's memory given back before every step), summary.json,
+    the final model and the MLflow run. The step records, for the caller's own checks."""
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(steps_n))
+    assert [s["version"] for s in steps] == list(range(1, steps_n + 1))
+    for s in steps:
+        assert REQUIRED_STEP_KEYS <= s.keys()
+        assert s["tickets"] == list(range(s["step"] * B, (s["step"] + 1) * B))  # exactly once, in order
+        assert s["n_samples"] == B * 4
+        assert 0 <= s["staleness_max"] <= eta  # every trained sample
+        assert sum(s["staleness_hist"].values()) <= s["n_samples"]
+        if eta == 0:  # synchronous: generated entirely by the version it trains
+            assert s["staleness_max"] == 0 and s["admitted_versions"] == [s["step"]] * B
+    assert {s["push_path"] for s in steps} == {push_path}
+    assert all(s["replicas"] == 1 and s["push_bytes"] > 0 for s in steps)
+    # every step's release round was answered by the replica before the step ran
+    assert all((s.get("release_pending") == 0 and s["release_s"] >= 0) == released for s in steps)
+
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert REQUIRED_SUMMARY_KEYS <= on_disk.keys()
+    assert on_disk["steps"] == steps_n and on_disk["eta"] == eta
+    assert on_disk["max_staleness"] <= eta
+    assert 0.0 <= on_disk["eval_accuracy_after"] <= 1.0
+    # where the time went (utilization.py): the trainer waits, the lengths are recorded
+    assert 0.0 <= on_disk["trainer_idle_fraction"] <= 1.0
+    assert on_disk["steady_samples_per_s"] > 0
+    assert all(len(s["output_lens"]) == s["n_samples"] and sum(s["output_lens"]) == s["n_tokens"]
+               for s in steps)
+    assert on_disk["output_len_max"] == max(n for s in steps for n in s["output_lens"])
+    assert (run_dir / "final_model" / "config.json").exists()
+
+    mlflow.set_tracking_uri(f"sqlite:///{mlflow_db}")
+    run = mlflow.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["algo.eta"] == str(eta)
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "reward_mean")
+    assert len(history) == steps_n
+    return steps
+
+
+# (eta 0, as on one shared GPU with the replica freeing its engine's memory every step:
+# the first job of tests/jobs/test_resume.py::test_new_job_resumes_a_runs_checkpoint.)
+@pytest.mark.parametrize("eta,workers,backend", [(1, 2, "hf"), (4, 1, "hf"), (2, 1, "vllm")])
 def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path, eta, workers,
                                                backend):
     cfg = load_config("conf/quickstart.yaml", [f"train.num_workers={workers}",
@@ -31,54 +76,18 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
         # two FSDP ranks also write a checkpoint: each rank's part lands in one dir
         f"train.checkpoint_every={STEPS if workers == 2 else 0}",
         # the default (auto) pushes through shared memory here; one case takes the gloo group
-        f"weights.path={'collective' if eta == 4 else 'auto'}",
-        # eta 0 as on one shared GPU: the replica frees its engine's memory every step
-        f"rollout.release_memory={eta == 0}"])
+        f"weights.path={'collective' if eta == 4 else 'auto'}"])
     summary = run_training(cfg)
-
-    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == list(range(STEPS))
+    check_run(tmp_path / "run", tmp_path / "mlflow.db", summary, STEPS, eta,
+              "collective" if eta == 4 else "shm", released=False)
     if workers == 2:
         ckpt = latest_checkpoint(tmp_path / "run" / "train")
         assert {"rng_rank0.pt", "rng_rank1.pt", "state"} <= {p.name for p in ckpt.iterdir()}
         # each rank wrote its own shards; nothing was gathered on rank 0 but the HF export
         assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (ckpt / "state").iterdir()}
         assert AutoModelForCausalLM.from_pretrained(ckpt / "model") is not None  # HF loads it
-    assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
-    for s in steps:
-        assert REQUIRED_STEP_KEYS <= s.keys()
-        assert s["tickets"] == list(range(s["step"] * B, (s["step"] + 1) * B))  # exactly once, in order
-        assert s["n_samples"] == B * 4
-        assert 0 <= s["staleness_max"] <= eta  # every trained sample
-        assert sum(s["staleness_hist"].values()) <= s["n_samples"]
-        if eta == 0:  # synchronous: generated entirely by the version it trains
-            assert s["staleness_max"] == 0 and s["admitted_versions"] == [s["step"]] * B
-    assert {s["push_path"] for s in steps} == {"collective" if eta == 4 else "shm"}
-    assert all(s["replicas"] == 1 and s["push_bytes"] > 0 for s in steps)
-    # every step's release round was answered by the replica before the step ran
-    assert all((s.get("release_pending") == 0 and s["release_s"] >= 0) == (eta == 0) for s in steps)
     if eta == 4:
         assert summary["max_staleness"] >= 1  # the producer really ran ahead
-
-    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert REQUIRED_SUMMARY_KEYS <= on_disk.keys()
-    assert on_disk["steps"] == STEPS and on_disk["eta"] == eta
-    assert on_disk["max_staleness"] <= eta
-    assert 0.0 <= on_disk["eval_accuracy_after"] <= 1.0
-    # where the time went (utilization.py): the trainer waits, the lengths are recorded
-    assert 0.0 <= on_disk["trainer_idle_fraction"] <= 1.0
-    assert on_disk["steady_samples_per_s"] > 0
-    assert all(len(s["output_lens"]) == s["n_samples"] and sum(s["output_lens"]) == s["n_tokens"]
-               for s in steps)
-    assert on_disk["output_len_max"] == max(n for s in steps for n in s["output_lens"])
-    assert (tmp_path / "run" / "final_model" / "config.json").exists()
-
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = mlflow.get_run(summary["mlflow_run_id"])
-    assert run.info.status == "FINISHED"
-    assert run.data.params["algo.eta"] == str(eta)
-    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "reward_mean")
-    assert len(history) == STEPS
 
 
 def test_code_task_runs_end_to_end_with_sandboxed_rewards(ray_cluster, embedded_model, tmp_path):
