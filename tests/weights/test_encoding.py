@@ -44,14 +44,14 @@ def test_plan_buckets_by_hand():
     assert plan_buckets(specs, 128) == [[0, 1], [2], [3, 4]]
 
 
-def _member(rank, world, port, die_at, dtype, out, idle=-1):
+def _member(rank, world, port, die_at, dtype, out, idle=-1, timeout_s=5.0):
     store = WeightGroup.connect("127.0.0.1", port, 10, is_master=rank == 0)
-    group = WeightGroup(store, 1, rank, world, timeout_s=5)
+    group = WeightGroup(store, 1, rank, world, timeout_s=timeout_s)
     sd = state()
     specs = manifest_of(sd.items(), dtype)
     try:
         if rank == idle:  # joined the group, never receives (e.g. stuck loading)
-            time.sleep(8)
+            time.sleep(timeout_s + 3)
             out.put((rank, "idle", None))
         elif rank == 0:
             t0 = time.perf_counter()
@@ -72,10 +72,10 @@ def _member(rank, world, port, die_at, dtype, out, idle=-1):
         out.put((rank, "error", str(e)[:80]))
 
 
-def run_group(world, die_at=-1, dtype="", idle=-1):
+def run_group(world, die_at=-1, dtype="", idle=-1, timeout_s=5.0):
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_member, args=(r, world, port, die_at, dtype, out, idle))
+    procs = [ctx.Process(target=_member, args=(r, world, port, die_at, dtype, out, idle, timeout_s))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -120,9 +120,9 @@ def test_a_receiver_that_never_receives_is_found_before_any_collective():
     # The sender waits for every receiver's readiness in the store, with the timeout,
     # and raises before issuing a broadcast (on NCCL a broadcast to an absent peer
     # would hang or be torn down by the watchdog, not raise).
-    res = run_group(world=3, idle=2)
+    res = run_group(world=3, idle=2, timeout_s=2.0)
     kind, (msg, elapsed, transfers) = res[0]
-    assert kind == "error" and "ranks [2] not ready" in msg and elapsed < 8
+    assert kind == "error" and "ranks [2] not ready" in msg and elapsed < 4
     assert transfers == 1  # counted: the next push's handshake uses fresh keys
     assert res[2] == ("idle", None)
 
