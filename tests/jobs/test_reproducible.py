@@ -1,7 +1,8 @@
 """End to end: reproducible runs. An asynchronous run (eta 2) records what every step
 trained; replaying it retrains bit-identically, and a changed objective on replay
 differs only in training. Two deterministic runs at eta 0 are bit-identical.
-The recorded run is also the suite's dynamic-filter run (one job, both sets of checks)."""
+The recorded run is also the suite's dynamic-filter run and its run of a user's workflow
+that rejects rows (one job, all three sets of checks)."""
 
 import json
 from pathlib import Path
@@ -52,13 +53,18 @@ def batches_of(run_dir: Path) -> list[list[dict]]:
     return out
 
 
+# The recorded run: asynchronous, through a workflow named by dotted path (with its
+# kwargs) that rejects every odd prompt position (tests/data/user_plugins.py): half the
+# prompts it reads are dropped before the filter's, so it reads twice as many.
+RECORDED = ("algo.eta=2", "rollout.workflow=tests.data.user_plugins.EvenRowsOnly",
+            "rollout.workflow_kwargs={tag: e2e}", "algo.dynamic_filter.prompt_factor=16")
 TRAINING = ("loss", "grad_norm", "clip_frac", "n_tokens", "reward_mean", "tickets", "positions")
 
 
 @pytest.fixture(scope="module")
 def recorded(ray_cluster, embedded_model, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("recorded") / "run"
-    run_training(config(embedded_model, run_dir, "algo.eta=2"))
+    run_training(config(embedded_model, run_dir, *RECORDED))
     return run_dir
 
 
@@ -94,9 +100,21 @@ def test_the_dynamic_filter_trains_only_informative_groups(recorded):
     assert tickets == sorted(tickets)
 
 
+def test_a_users_workflow_that_rejects_rows_trains_every_step(recorded):
+    """The recorded run's workflow rejects every odd prompt position: rejected rows hold
+    their tickets and are dropped by the trainer (beside the groups the filter drops), so
+    every step still trains B groups, none from an odd position, each prompt used once."""
+    steps = steps_of(recorded)
+    assert len(steps) == STEPS and all(len(s["tickets"]) == B for s in steps)
+    trained = [p for s in steps for p in s["positions"]]
+    dropped = [p for s in steps for p in s["filtered_positions"]]
+    assert all(p % 2 == 0 for p in trained) and any(p % 2 for p in dropped)
+    assert len(trained + dropped) == len(set(trained + dropped))
+
+
 def test_a_replay_retrains_bit_identically(recorded, embedded_model, tmp_path):
     replay = tmp_path / "replay"
-    run_training(config(embedded_model, replay, "algo.eta=2", f"run.replay={recorded}"))
+    run_training(config(embedded_model, replay, *RECORDED, f"run.replay={recorded}"))
     got, want = steps_of(replay), steps_of(recorded)
     assert len(got) == len(want) == STEPS
     for g, w in zip(got, want):
@@ -106,7 +124,7 @@ def test_a_replay_retrains_bit_identically(recorded, embedded_model, tmp_path):
 
 def test_a_changed_objective_on_replay_differs_only_in_training(recorded, embedded_model, tmp_path):
     replay = tmp_path / "replay-clip"
-    run_training(config(embedded_model, replay, "algo.eta=2", f"run.replay={recorded}",
+    run_training(config(embedded_model, replay, *RECORDED, f"run.replay={recorded}",
                         "algo.loss.eps_clip=0.02", "algo.optim.lr=3e-4"))
     got, want = steps_of(replay), steps_of(recorded)
     for g, w in zip(got, want):  # the same data ...

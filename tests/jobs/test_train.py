@@ -107,25 +107,6 @@ def test_code_task_runs_end_to_end_with_sandboxed_rewards(ray_cluster, embedded_
                                             "timeout", "exit", "killed", "output limit"}
 
 
-def test_a_users_workflow_that_rejects_rows_trains_every_step(ray_cluster, embedded_model, tmp_path):
-    """A workflow named by dotted path, rejecting every odd prompt position: rejected
-    rows hold their tickets and are dropped by the trainer, so every step still trains
-    B groups, each prompt is used once, and the run reads enough prompts to finish."""
-    cfg = load_config("conf/quickstart.yaml", [
-        f"model.path={embedded_model}", "algo.eta=1", f"algo.batch_groups={B}", "train.steps=3",
-        "rollout.workflow=tests.data.user_plugins.EvenRowsOnly", "rollout.workflow_kwargs={tag: e2e}",
-        "run.eval_before=false", "run.eval_after=false", f"run.run_dir={tmp_path / 'run'}",
-        f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
-    run_training(cfg)
-    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
-    assert len(steps) == 3 and all(len(s["tickets"]) == B for s in steps)
-    trained = [p for s in steps for p in s["positions"]]
-    dropped = [p for s in steps for p in s["filtered_positions"]]
-    assert all(p % 2 == 0 for p in trained) and dropped and all(p % 2 for p in dropped)
-    assert len(trained + dropped) == len(set(trained + dropped))
-    assert all(s["staleness_max"] <= 1 for s in steps)
-
-
 @pytest.mark.parametrize("backend,atol,extra", [
     ("hf", 1e-4, ["weights.path=collective", "rollout.lora_push=pause"]),
     ("vllm", 1e-3, ["rollout.lora_push=finish"])])
