@@ -1,13 +1,10 @@
-"""Faults a cluster does to a run, injected into the real job: the run goes on."""
+"""Faults a cluster does to a run, injected into the real job: the run goes on. (A
+killed driver actor, which ends the job for a resume: tests/jobs/test_resume.py.)"""
 
 import json
 import threading
-import time
 
-import pytest
-import ray
-
-from areal_ray.observe.tracking import lineage, read_events
+from areal_ray.observe.tracking import read_events
 from areal_ray.run.job import run_training
 from areal_ray.train.checkpoint import latest_checkpoint
 from tests.jobs.test_resume import (
@@ -62,33 +59,3 @@ def test_a_killed_replica_is_invisible_and_a_killed_trainer_restarts_from_its_ch
     for name in ("model/config.json", "model/model.safetensors", "state/.metadata",
                  "state/__0_0.distcp", "scheduler.pt", "rng_rank0.pt"):
         assert (latest / name).exists(), name
-
-
-def kill_the_driver_when(run_dir, version: int, killed: list) -> None:
-    at_version(run_dir, version, lambda: kill_actor(lambda name: name == "Driver"), killed)
-
-
-def test_a_killed_driver_fails_fast_and_the_run_resumes_exactly(ray_cluster, embedded_model, tmp_path):
-    run_dir, db, steps, eta = tmp_path / "run", tmp_path / "mlflow.db", 40, 1
-    killed: list = []
-    threading.Thread(target=kill_the_driver_when, args=(run_dir, 3, killed), daemon=True).start()
-    t0 = time.time()
-    with pytest.raises(RuntimeError, match="driver actor .* died.* run.resume=true"):
-        run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", f"algo.eta={eta}",
-                            "train.checkpoint_every=2", "train.max_failures=2"))
-    assert killed and time.time() - t0 < 300
-    # nothing of the failed run keeps CPUs reserved: a placement group left behind had
-    # starved a later run of this shared cluster (its reward actor was never placed)
-    deadline = time.time() + 30
-    while any(pg["state"] == "CREATED" for pg in ray.util.placement_group_table().values()):
-        assert time.time() < deadline, ray.util.placement_group_table()
-        time.sleep(0.5)
-    done = [r["version"] for r in lineage(read_events(run_dir / "steps.jsonl"))]
-    ckpt = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
-    assert ckpt["version"] >= 2 and ckpt["version"] % 2 == 0
-
-    total = ckpt["version"] + 2
-    resumed = run_training(config(embedded_model, run_dir, db, f"train.steps={total}", f"algo.eta={eta}",
-                                  "train.checkpoint_every=2", "run.resume=true"))
-    assert resumed["resumed_at_step"] == ckpt["version"] and done
-    check_lineage(run_dir, total, eta)  # the steps after the checkpoint were trained again, once

@@ -12,6 +12,7 @@ import time
 
 import mlflow
 import pytest
+import ray
 from ray._private import state
 
 from areal_ray.config import ConfigError, load_config
@@ -133,31 +134,60 @@ def dataset_keys(tmp_path, n: int) -> tuple[str, ...]:
     return f"task.train_path={data}", "task.shuffle_window=4"
 
 
-def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_a_dataset_run_resumes_its_stream_exactly(
+def kill_the_driver_when(run_dir, version: int, killed: list) -> None:
+    at_version(run_dir, version, lambda: kill_actor(lambda name: name == "Driver"), killed)
+
+
+def test_ctrl_c_and_a_killed_driver_stop_a_dataset_run_that_resumes_its_stream_exactly(
         ray_cluster, embedded_model, tmp_path):
-    """Ctrl-C stops the run at a step with a checkpoint; the resumed job continues it.
-    The run reads its prompts from a file (5 prompts cycled, a window of 4): the resumed
-    job skips what the checkpoint consumed where the stream reads it, and the run
-    trains each prompt once per epoch. (5 prompts: the checkpoint at any version 2..4
-    falls mid-epoch.)"""
-    run_dir, db, steps, n = tmp_path / "run", tmp_path / "mlflow.db", 40, 5
+    """One run, stopped twice and resumed twice; its prompts come from a file (5 prompts
+    cycled, a window of 4: every checkpoint falls mid-epoch), and each resumed job skips
+    what its checkpoint consumed where the stream reads it.
+    1. Ctrl-C stops the first job at a step, with a checkpoint of its own.
+    2. The second job resumes it (now checkpointing every 2 steps); its driver actor is
+       killed: the job fails fast, naming the resume, and leaves no placement group
+       holding the shared cluster's CPUs.
+    3. The third job resumes from the last checkpoint and trains to its end: every
+       version once (the steps after the checkpoint again), each prompt once per epoch."""
+    run_dir, db, steps, n, eta = tmp_path / "run", tmp_path / "mlflow.db", 40, 5, 1
     keys = dataset_keys(tmp_path, n)
     sent: list = []
     threading.Thread(target=interrupt_when, args=(run_dir, 2, sent), daemon=True).start()
     # checkpoints every 40 steps: the one the interrupted run leaves is Ctrl-C's own
     with pytest.raises(RunInterrupted, match=r"stopped after version (\d+): checkpoint at version"):
-        run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", "algo.eta=1",
+        run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", f"algo.eta={eta}",
                             f"train.checkpoint_every={steps}", *keys))
     assert sent
     stopped = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
     recorded = lineage(read_events(run_dir / "steps.jsonl"))
     assert 2 <= stopped["version"] < steps and recorded[-1]["version"] == stopped["version"]
 
-    total = stopped["version"] + 2
-    resumed = run_training(config(embedded_model, run_dir, db, f"train.steps={total}", "algo.eta=1",
-                                  f"train.checkpoint_every={steps}", "run.resume=true", *keys))
-    assert resumed["resumed_at_step"] == stopped["version"]
-    positions = [p for r in check_lineage(run_dir, total, eta=1) for p in r["positions"]]
+    # three versions on: one of the first two is even, and its checkpoint is complete
+    # before the third version's record (the loop saves, then steps on)
+    killed: list = []
+    threading.Thread(target=kill_the_driver_when, args=(run_dir, stopped["version"] + 3, killed),
+                     daemon=True).start()
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="driver actor .* died.* run.resume=true"):
+        run_training(config(embedded_model, run_dir, db, f"train.steps={steps}", f"algo.eta={eta}",
+                            "train.checkpoint_every=2", "train.max_failures=2", "run.resume=true",
+                            *keys))
+    assert killed and time.time() - t0 < 300
+    # nothing of the failed job keeps CPUs reserved: a placement group left behind had
+    # starved a later run of this shared cluster (its reward actor was never placed)
+    deadline = time.time() + 30
+    while any(pg["state"] == "CREATED" for pg in ray.util.placement_group_table().values()):
+        assert time.time() < deadline, ray.util.placement_group_table()
+        time.sleep(0.5)
+    ckpt = json.loads((latest_checkpoint(run_dir / "train") / "trainer_state.json").read_text())
+    assert ckpt["version"] > stopped["version"] and ckpt["version"] % 2 == 0
+
+    total = ckpt["version"] + 2
+    resumed = run_training(config(embedded_model, run_dir, db, f"train.steps={total}",
+                                  f"algo.eta={eta}", "train.checkpoint_every=2", "run.resume=true",
+                                  *keys))
+    assert resumed["resumed_at_step"] == ckpt["version"]
+    positions = [p for r in check_lineage(run_dir, total, eta=eta) for p in r["positions"]]
     by_epoch = {}
     for p in positions:
         by_epoch.setdefault(p // n, []).append(p % n)
