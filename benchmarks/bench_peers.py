@@ -235,6 +235,7 @@ def grade(run: dict, c: BenchPeersConfig) -> None:
     from ray import serve
     from transformers import AutoModelForCausalLM
 
+    from areal_ray.cluster.placement import delete_app
     from areal_ray.config import WeightsConfig, load_config
     from areal_ray.data.prompts import eval_rows
     from areal_ray.driver import Driver
@@ -273,7 +274,7 @@ def grade(run: dict, c: BenchPeersConfig) -> None:
                 reached = reached or m["accuracy"] >= c.target_accuracy
             pusher.close()
     finally:
-        serve.delete(app)
+        delete_app(app)
         ray.kill(driver)
     run["final_accuracy"] = run["models"][-1]["accuracy"]
     run["samples_per_s"] = run["n_samples"] / run["train_s"]

@@ -236,8 +236,8 @@ class ServeApp:
         return timed(run(_all_at_once(gen, reqs)), reqs, cpu)
 
     def delete(self) -> None:
-        from ray import serve
-        serve.delete(self.name)
+        from areal_ray.cluster.placement import delete_app
+        delete_app(self.name)
 
 
 @dataclass

@@ -28,9 +28,8 @@ from jobs.cli import run_job
 @off_event_loop
 def run_eval(cfg) -> dict:
     import mlflow
-    from ray import serve
 
-    from areal_ray.cluster.placement import check_placement
+    from areal_ray.cluster.placement import check_placement, delete_app
     from areal_ray.data.prompts import eval_rows
     from areal_ray.observe.tracking import params_of, use_experiment
     from areal_ray.reward.registry import check_checkers
@@ -62,7 +61,7 @@ def run_eval(cfg) -> dict:
         sampled = evaluate(handle, tokenizer, rows, cfg, temperature=cfg.eval.temperature,
                            samples=cfg.eval.k, ks=tuple(ks))
     finally:
-        serve.delete(app)
+        delete_app(app)
     metrics = {"greedy_pass@1": greedy["accuracy"],
                **{f"sampled_pass@{k}": sampled[f"pass@{k}"] for k in ks},
                "mean_len_greedy": greedy["mean_len"], "mean_len_sampled": sampled["mean_len"]}

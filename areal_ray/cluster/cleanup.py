@@ -29,6 +29,7 @@ from areal_ray.cluster.ownership import (
     stale_files,
     stale_pg_cleaners,
 )
+from areal_ray.cluster.placement import delete_app
 from areal_ray.weights.staging import weight_dirs
 
 
@@ -115,7 +116,7 @@ def sweep(dry_run: bool = False, own_tag: str = "") -> SweepReport:
     report.apps = stale_apps(apps, live)
     if not dry_run:
         for app in report.apps:
-            serve.delete(app)  # blocks until its replicas are gone
+            delete_app(app)  # returns once its replicas are gone
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
     here = this_node()

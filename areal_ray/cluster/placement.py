@@ -85,6 +85,19 @@ def wait_for_app(app_name: str, timeout_s: float, poll_s: float = 0.5) -> None:
         time.sleep(poll_s)
 
 
+def delete_app(app_name: str, timeout_s: float = 60.0, poll_s: float = 0.1) -> None:
+    """`serve.delete`, with its wait at `poll_s`: Serve's own wait checks once a second,
+    so an app whose replicas drain in a quarter of a second (rollout/engine_client.py,
+    DRAIN_POLL_S) held every job's end for a whole second. (The controller takes the
+    delete before the status calls after it: one caller's calls to an actor run in order.)"""
+    serve.delete(app_name, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while app_name in serve.status().applications:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the Serve app {app_name} was not deleted within {timeout_s:g} s")
+        time.sleep(poll_s)
+
+
 def deploy_app(app, app_name: str, timeout_s: float, route_prefix: str | None = None,
                wait: bool = True):
     """Deploy `app` without Serve's unbounded wait, then (`wait`) wait with the deadline.

@@ -33,6 +33,7 @@ from areal_ray.cluster.placement import (
     PlacementError,
     bound_train_start,
     check_placement,
+    delete_app,
     deploy_app,
     train_start_problem,
     wait_for_app,
@@ -401,7 +402,7 @@ def run_training(cfg: Config) -> dict:
         raise
     finally:
         try:
-            serve.delete(app_name)
+            delete_app(app_name)
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)

@@ -10,6 +10,7 @@ from areal_ray.cluster.placement import (
     bound_train_start,
     check_placement,
     cluster_nodes,
+    delete_app,
     deploy_app,
     train_start_problem,
 )
@@ -48,6 +49,31 @@ def test_serve_app_that_cannot_be_placed_fails_at_the_deadline(ray_cluster):
             deploy_app(Unplaceable.bind(), "placement-test", timeout_s=3)
     finally:
         serve.delete("placement-test")
+
+
+def test_a_deleted_app_is_gone_when_delete_app_returns_and_its_replica_ends(ray_cluster):
+    import time
+
+    from ray import serve
+    from ray._private import state
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, graceful_shutdown_wait_loop_s=0.25)
+    class Echo:
+        def __call__(self):
+            return "ok"
+
+    serve.start(proxy_location="Disabled")
+    serve.run(Echo.bind(), name="delete-test", route_prefix=None)
+    replicas = {a["ActorID"] for a in state.actors().values()
+                if a["ActorClassName"] == "ServeReplica:delete-test:Echo" and a["State"] == "ALIVE"}
+    assert len(replicas) == 1
+    delete_app("delete-test")
+    assert "delete-test" not in serve.status().applications
+    deadline = time.monotonic() + 10  # Serve has stopped it; the GCS may note it a moment later
+    while {state.actors()[a]["State"] for a in replicas} != {"DEAD"}:
+        assert time.monotonic() < deadline, [state.actors()[a]["State"] for a in replicas]
+        time.sleep(0.1)
+    delete_app("delete-test")  # an app that is not there: nothing to wait for
 
 
 def test_trainer_that_cannot_be_placed_fails_at_the_deadline(ray_cluster, tmp_path, monkeypatch):
