@@ -10,6 +10,7 @@ import pytest
 
 from areal_ray.cluster import cleanup
 from areal_ray.cluster.ownership import Owned
+from areal_ray.cluster.placement import delete_app
 
 ME, OTHER, DEAD = Owned("feedf00d"), Owned("0123abcd"), Owned("deadbeef")
 GONE = 2 ** 22 + 12345  # above the default pid_max: no process has it
@@ -92,7 +93,7 @@ def test_sweep_removes_a_dead_jobs_app_on_a_cluster_without_a_dashboard(ray_clus
         assert DEAD.app_name not in apps and OTHER.app_name in apps
     finally:
         for o in (DEAD, OTHER):
-            serve.delete(o.app_name)
+            delete_app(o.app_name)
         ray_cluster.kill(live)
 
 

@@ -17,6 +17,7 @@ from ray import serve
 from ray.data import DataContext
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
+from areal_ray.cluster.placement import delete_app
 from areal_ray.config import Config, load_config
 from areal_ray.data.pipeline import AdmittedEpisodes, build_pipeline, configure_data_context
 from areal_ray.data.staleness import StalenessGate
@@ -163,7 +164,7 @@ def test_a_workflow_and_a_checker_named_by_path_run_in_the_pipeline(ray_cluster,
         groups = sorted((Group.from_row(r) for r in ds.iter_rows()), key=lambda g: g.ticket)
         gate = ray.get(driver.gate_state.remote())
     finally:
-        serve.delete(app)
+        delete_app(app)
         ray.kill(driver)
     # A rejected row keeps its ticket (the trainer walks tickets in order) and comes
     # as a group without samples, which the trainer drops like a filtered group.

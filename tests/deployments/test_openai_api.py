@@ -22,6 +22,7 @@ import ray
 from ray import serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from areal_ray.cluster.placement import delete_app
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.openai.affinity import shard_of
@@ -68,7 +69,7 @@ def endpoint(ray_cluster, random_model_dir):
            "rollout": serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app),
            "tok": AutoTokenizer.from_pretrained(random_model_dir), "model": random_model_dir,
            "app": app}
-    serve.delete(app)
+    delete_app(app)
     serve.shutdown()
     ray.kill(driver)
 

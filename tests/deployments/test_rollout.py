@@ -13,6 +13,7 @@ import ray
 from ray import serve
 from transformers import AutoModelForCausalLM
 
+from areal_ray.cluster.placement import delete_app
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.engines.base import GenerationRequest
@@ -40,7 +41,7 @@ def deploy(ray_cluster, embedded_model):
 
     yield _deploy
     for app in apps:
-        serve.delete(app)
+        delete_app(app)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from ray import serve
 from ray._private import state
 from transformers import AutoModelForCausalLM
 
+from areal_ray.cluster.placement import delete_app
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.engines.base import GenerationRequest
@@ -51,7 +52,7 @@ def app(ray_cluster, embedded_model):
                        name=appname, route_prefix=None)
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
     yield {"driver": drv, "handle": handle, "model": model, "version": 0, "name": appname}
-    serve.delete(appname)
+    delete_app(appname)
     ray.kill(drv)
 
 

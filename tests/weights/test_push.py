@@ -15,6 +15,7 @@ from ray import serve
 from ray._private import state
 from transformers import AutoModelForCausalLM
 
+from areal_ray.cluster.placement import delete_app
 from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.weights.encoding import digest
@@ -59,7 +60,7 @@ def start_app(embedded_model, replicas: int):
 
 
 def stop_app(driver, app) -> None:
-    serve.delete(app)
+    delete_app(app)
     ray.kill(driver)
 
 
@@ -206,5 +207,5 @@ def test_the_load_probe_passes_real_pushes_and_fails_one_that_changed_nothing(
                                                 r"logprobs differ .* one step moved them"):
             silent.push(model, 2)
     finally:
-        serve.delete(app)
+        delete_app(app)
         ray.kill(driver)
