@@ -47,14 +47,17 @@ def perturb(model, seed):
             p.add_(0.01 * torch.randn(p.shape, generator=g))
 
 
-def start_app(embedded_model, replicas: int):
+def start_app(embedded_model, replicas: int, name: str = "push",
+              overrides=("weights.timeout_s=5.0",), **driver_options):
+    """A driver and a rollout app of `replicas` hf replicas registered with it."""
     tag = uuid.uuid4().hex[:6]
-    driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=15.0)
+    driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=15.0,
+                                                     **driver_options)
     ns = ray.get_runtime_context().namespace
     serve.start(proxy_location="Disabled")
-    app = f"push-{tag}"
+    app = f"{name}-{tag}"
     cfg = load_config(None, [f"rollout.min_replicas={replicas}", f"rollout.max_replicas={replicas}",
-                             "rollout.num_cpus=0.5", "weights.timeout_s=5.0"])
+                             "rollout.num_cpus=0.5", *overrides])
     handle = serve.run(build_app(cfg, embedded_model, f"drv-{tag}", ns), name=app, route_prefix=None)
     return driver, handle, app
 
@@ -181,15 +184,7 @@ def test_the_load_probe_passes_real_pushes_and_fails_one_that_changed_nothing(
     the push naming the replica and the version."""
     from areal_ray.train.probe import model_probe
     from areal_ray.weights.probe import ProbeMismatch
-    tag = uuid.uuid4().hex[:6]
-    driver = Driver.options(name=f"drv-{tag}").remote(eta=1, batch_groups=1, push_timeout_s=15.0,
-                                                     probe_atol=1e-5)
-    serve.start(proxy_location="Disabled")
-    cfg = load_config(None, ["rollout.min_replicas=1", "rollout.max_replicas=1",
-                             "rollout.num_cpus=0.5"])
-    app = f"probe-{tag}"
-    handle = serve.run(build_app(cfg, embedded_model, f"drv-{tag}",
-                                 ray.get_runtime_context().namespace), name=app, route_prefix=None)
+    driver, handle, app = start_app(embedded_model, 1, "probe", (), probe_atol=1e-5)
     try:
         replica_digests(handle, 1)  # registered and serving
         model = AutoModelForCausalLM.from_pretrained(embedded_model)
@@ -207,5 +202,4 @@ def test_the_load_probe_passes_real_pushes_and_fails_one_that_changed_nothing(
                                                 r"logprobs differ .* one step moved them"):
             silent.push(model, 2)
     finally:
-        delete_app(app)
-        ray.kill(driver)
+        stop_app(driver, app)
