@@ -259,20 +259,22 @@ def grade(run: dict, c: BenchPeersConfig) -> None:
         with TemporaryDirectory() as weights_dir:
             pusher = WeightPusher(WeightsConfig(path="object_store"), driver, 0, weights_dir)
             reached, version = False, 0
-            for i, m in enumerate(run["models"]):
-                if reached and not c.grade_past_target and i < len(run["models"]) - 1:
-                    m["accuracy"] = None  # not graded: the time to target is known already
-                    continue
-                if m["path"] != first:
-                    model = AutoModelForCausalLM.from_pretrained(m["path"])
-                    version += 1
-                    pusher.push(model, version)
-                    served = handle.weights_digest.remote().result(timeout_s=120)
-                    if (served["version"], served["digest"]) != (version, digest(model.state_dict())):
-                        raise RuntimeError(f"the eval replica does not serve {m['path']}: {served}")
-                m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows, cfg)["accuracy"]
-                reached = reached or m["accuracy"] >= c.target_accuracy
-            pusher.close()
+            try:
+                for i, m in enumerate(run["models"]):
+                    if reached and not c.grade_past_target and i < len(run["models"]) - 1:
+                        m["accuracy"] = None  # not graded: the time to target is known already
+                        continue
+                    if m["path"] != first:
+                        model = AutoModelForCausalLM.from_pretrained(m["path"])
+                        version += 1
+                        pusher.push(model, version)
+                        served = handle.weights_digest.remote().result(timeout_s=120)
+                        if (served["version"], served["digest"]) != (version, digest(model.state_dict())):
+                            raise RuntimeError(f"the eval replica does not serve {m['path']}: {served}")
+                    m["accuracy"] = evaluate(handle, load_tokenizer(m["path"]), rows, cfg)["accuracy"]
+                    reached = reached or m["accuracy"] >= c.target_accuracy
+            finally:
+                pusher.close()  # also when a push or the check failed
     finally:
         delete_app(app)
         ray.kill(driver)
