@@ -261,9 +261,15 @@ def test_wait_update_lets_the_running_request_finish_and_holds_new_ones(engine, 
         while engine.load()["running"] == 0:
             await asyncio.sleep(0.005)
         update = asyncio.ensure_future(engine.update_weights(new, version + 1, "wait"))
-        await asyncio.sleep(0.01)
+        # The update stages its file in a thread before it closes the gate: a request
+        # sent earlier would be admitted under the old weights, so wait for the close.
+        while engine.load()["paused"] is None:
+            await asyncio.sleep(0.005)
         held = asyncio.ensure_future(engine.generate(GenerationRequest(PROMPT, 4, 1.0, ignore_eos=True)))
-        await asyncio.sleep(0.01)
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if engine.load()["queued"] or held.done():
+                break
         queued = engine.load()["queued"]
         return await running, await held, await update, queued
 
