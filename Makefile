@@ -51,11 +51,12 @@ longtail: venv  ## the long-tailed workload: long arithmetic chains worked step 
 lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast run it first
 	$(VENV)/bin/ruff check .
 
-# One pytest process by default: two xdist workers (TEST_WORKERS=2, whole modules each)
-# were measured slower on 2 cores, 48 min against 36 (every e2e job's ~20 processes
-# then share the cores with another job's, and each test ran ~2-3x longer).
-# The contract tier (its own interpreter path) runs beside it; its output follows.
-TEST_WORKERS ?= 0
+# Two pytest-xdist workers, two lanes (tests/conftest.py): one runs the e2e tier's jobs
+# one at a time, the other every other module beside them, in the ~15% of the cores a
+# job leaves idle (waits, single-threaded phases). Whole modules split over two workers
+# were slower on 2 cores (48 min against 36: two jobs at once starve each other).
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
 	$(call ISOLATION_NOTE,without it tests that run code fail closed)
 	@( $(MAKE) --no-print-directory test-contract > .contract/test.log 2>&1; echo $$? > .contract/test.rc ) & \
