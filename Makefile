@@ -52,7 +52,7 @@ lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast 
 	$(VENV)/bin/ruff check .
 
 # Two pytest-xdist workers, two lanes (tests/conftest.py): one runs the e2e tier's jobs
-# one at a time, the other every other module beside them (~11% sooner than one process
+# one at a time, the other every other module beside them (~10% sooner than one process
 # on 2 cores). Whole modules split over two workers were slower (48 min against 36: two
 # jobs at once starve each other). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2

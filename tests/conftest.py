@@ -45,7 +45,7 @@ def pytest_xdist_make_scheduler(config, log):
     scope, so one worker runs its jobs one after another (two jobs at once starve each
     other on 2 cores), and every other module is a scope the other worker takes
     meanwhile (measured: both lanes run ~1.4x slower while they overlap, and the suite
-    ends ~11% sooner than in one process). The e2e scope is handed out first, so its
+    ends ~10% sooner than in one process). The e2e scope is handed out first, so its
     lane starts at once. Ordering the e2e modules that wait most to overlap the other
     lane was measured worse: those slowed 2-3x. Decided from the node id, not by an
     `xdist_group` mark: pytest 9.2's node ids no longer take the suffix that
