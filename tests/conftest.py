@@ -15,6 +15,12 @@ RAY_FIXTURES = {"ray_cluster", "head_cluster"}
 ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 
 
+def in_e2e_dir(nodeid: str) -> bool:
+    """Whether a test's module (its node id, relative to the repo) is in an e2e folder."""
+    parts = Path(nodeid.split("::")[0]).parts
+    return len(parts) > 2 and parts[0] == "tests" and parts[1] in E2E_DIRS
+
+
 def pytest_collection_modifyitems(config, items):
     """One tier marker per test, decided here rather than by hand in each file:
     `e2e` (tests/jobs, tests/benchmarks, tests/notebooks, tests/deployments: real
@@ -27,9 +33,8 @@ def pytest_collection_modifyitems(config, items):
     processes, no process group). `make test-fast` runs the unit tier (kept under
     3 minutes on 2 cores); `make test` runs them all."""
     for item in items:
-        parts = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts
         fixtures = set(getattr(item, "fixturenames", ()))
-        if parts[0] in E2E_DIRS:
+        if in_e2e_dir(item.nodeid):
             item.add_marker(pytest.mark.e2e)
         elif RAY_FIXTURES & fixtures:
             item.add_marker(pytest.mark.ray)
@@ -56,9 +61,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TwoLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
-            parts = Path(module).parts
-            return "e2e" if len(parts) > 2 and parts[1] in E2E_DIRS else module
+            return "e2e" if in_e2e_dir(nodeid) else nodeid.split("::")[0]
 
         def _assign_work_unit(self, node) -> None:
             if "e2e" in self.workqueue:
