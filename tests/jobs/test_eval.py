@@ -43,7 +43,7 @@ def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, 
     serve.shutdown()  # Serve's proxy is chosen when it starts: this job starts it with one
     out, store = tmp_path / "eval.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
     try:
-        assert main(["--config", "conf/agents_sdk.yaml", "task.n_eval=6", "eval.k=4",
+        assert main(["--config", "conf/agents_sdk.yaml", "task.n_eval=6", "eval.k=8",
                      f"rollout.openai.port={port}", "rollout.openai.host=127.0.0.1",
                      f"eval.out={out}", f"run.mlflow_tracking_uri={store}", "run.name=evalagent"]) == 0
     finally:
@@ -55,4 +55,7 @@ def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, 
     # would have failed and nothing would be graded; without the parsed `tool_calls`
     # the SDK would have run no tool
     assert report.get("tool_use_rate_greedy", 0) + report["tool_use_rate_sampled"] > 0
-    assert 0 <= report["greedy_pass@1"] <= 1 and report["sampled_pass@4"] > 0
+    # a sampled answer is right ~14% of the time (pass@1 0.08-0.25 over 7 runs here), so 24
+    # samples all failed once in CI (0.86^24 ~ 3%); 48 make that ~0.1% at the same cost
+    # (the episodes run concurrently)
+    assert 0 <= report["greedy_pass@1"] <= 1 and report["sampled_pass@8"] > 0
