@@ -51,9 +51,9 @@ def test_extraction_helpers():
     ("\\boxed{" + "1+" * 5_000 + "1}", 1.0),           # longer than any answer
 ])
 def test_hostile_outputs_are_graded_zero_within_a_bound(response, bound_s):
-    t0 = time.process_time()  # CPU, not wall: the bound is on the work, not on the machine's load
+    t0 = time.thread_time()  # this thread's CPU, not wall: the bound is on the work, not the load
     assert math_reward(response, "1") == 0.0
-    assert time.process_time() - t0 < bound_s
+    assert time.thread_time() - t0 < bound_s
 
 
 @pytest.mark.parametrize("expr, reason", [
