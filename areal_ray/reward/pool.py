@@ -15,7 +15,10 @@ import functools
 import logging
 import math
 import multiprocessing as mp
+import subprocess
+import sys
 import time
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -64,8 +67,13 @@ def graded(value: object, verifier: str) -> tuple[float, str]:
     return r, str(reason)
 
 
-def _serve(conn, fn) -> None:
-    """The worker process: answer checks until the pipe closes."""
+def serve(fd: int) -> None:
+    """The checker process (`python -c`, started by `TimedChecker`): take the parent's
+    sys.path, then the check function (by reference: a module-level function or a
+    partial of one), then answer checks until the pipe closes."""
+    conn = Connection(fd)
+    sys.path[:] = conn.recv()
+    fn = conn.recv()
     while True:
         try:
             msg = conn.recv()
@@ -80,33 +88,39 @@ def _serve(conn, fn) -> None:
 class TimedChecker:
     """Runs checks in a child process, each bounded by `timeout_s` of wall time.
 
-    A plain Process and Pipe (not a multiprocessing.Pool): the process can be killed
-    outright on a timeout, and nothing is left registered with multiprocessing's
-    resource tracker.
+    A plain process and pipe (not a multiprocessing.Pool): the process can be killed
+    outright on a timeout. Started as `python -c` rather than by multiprocessing's
+    spawn, which first re-runs the parent's main module in the child: in a Ray worker
+    that is Ray's worker script (~0.4 CPU-seconds of imports per checker process, one
+    per reward actor and evaluation, every job). The child exits when the pipe closes,
+    its parent's end included.
     """
 
     def __init__(self, timeout_s: float = 5.0, fn=check):
         self.timeout_s = timeout_s
-        # a module-level function (or a partial of one): the spawned process imports it by name
+        # a module-level function (or a partial of one): the child imports it by name
         self.fn = fn
-        self._ctx = mp.get_context("spawn")
-        self._proc = None
-        self._conn = None
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
         self.restarts = 0
 
-    def _ensure(self):
-        if self._proc is None or not self._proc.is_alive():
+    def _ensure(self) -> Connection:
+        if self._proc is None or self._proc.poll() is not None:
             self._kill()
-            self._conn, child = self._ctx.Pipe()
-            self._proc = self._ctx.Process(target=_serve, args=(child, self.fn), daemon=True)
-            self._proc.start()
+            self._conn, child = mp.Pipe()
+            fd = child.fileno()
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", f"from areal_ray.reward.pool import serve; serve({fd})"],
+                pass_fds=(fd,))
             child.close()
+            self._conn.send(sys.path)
+            self._conn.send(self.fn)
         return self._conn
 
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join()
+            self._proc.wait()
             self._conn.close()
             self.restarts += 1
         self._proc = self._conn = None
