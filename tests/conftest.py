@@ -13,6 +13,15 @@ E2E_DIRS = {"jobs", "benchmarks", "notebooks", "deployments"}  # the real job, a
 RAY_FIXTURES = {"ray_cluster", "head_cluster"}
 # a real inference engine's processes or a torch.distributed process group
 ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
+# The e2e modules `make test` runs in the other lane, once that lane's own modules are
+# done, beside the rest of the e2e tier (pytest_xdist_make_scheduler). Chosen by
+# measurement: most of these wait (a kill and its recovery, a notebook's kernel, a
+# `ray start` cluster's job server; alone they kept 2 cores 59-79% busy), and with
+# test_reproducible both lanes end about together. The three that take `head_cluster`
+# stay in one lane, so only one such cluster runs at a time.
+E2E_SECOND_LANE = {f"tests/{m}.py" for m in (
+    "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks", "jobs/test_eval",
+    "jobs/test_faults", "jobs/test_gpu_check", "jobs/test_reproducible")}
 
 
 def in_e2e_dir(nodeid: str) -> bool:
@@ -46,13 +55,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test`'s two lanes (pytest-xdist, `--dist loadscope`): the e2e tier is one
-    scope, so one worker runs its jobs one after another (two jobs at once starve each
-    other on 2 cores), and every other module is a scope the other worker takes
-    meanwhile (measured: both lanes run ~1.4x slower while they overlap, and the suite
-    ends ~10% sooner than in one process). The e2e scope is handed out first, so its
-    lane starts at once. Ordering the e2e modules that wait most to overlap the other
-    lane was measured worse: those slowed 2-3x. Decided from the node id, not by an
+    """`make test`'s two lanes (pytest-xdist, `--dist loadscope`): most of the e2e tier
+    is one scope, so one worker runs its jobs one after another, and every other module
+    is a scope the other worker takes meanwhile (measured: both lanes run ~1.4x slower
+    while they overlap, and the suite ends ~10% sooner than in one process). The e2e
+    scope is handed out first, so its lane starts at once; E2E_SECOND_LANE is one more
+    scope handed out last, so the other worker runs it when its own modules are done
+    (measured: before, that worker idled for the last ~1,200 s of a ~1,850 s run while
+    the e2e lane kept the cores ~83% busy). Decided from the node id, not by an
     `xdist_group` mark: pytest 9.2's node ids no longer take the suffix that
     `--dist loadgroup` groups by (pytest-xdist #1386)."""
     if config.getvalue("dist") != "loadscope":
@@ -61,11 +71,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TwoLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "e2e" if in_e2e_dir(nodeid) else nodeid.split("::")[0]
+            if not in_e2e_dir(nodeid):
+                return nodeid.split("::")[0]
+            return "e2e-2" if nodeid.split("::")[0] in E2E_SECOND_LANE else "e2e"
 
         def _assign_work_unit(self, node) -> None:
             if "e2e" in self.workqueue:
                 self.workqueue.move_to_end("e2e", last=False)
+            if "e2e-2" in self.workqueue:
+                self.workqueue.move_to_end("e2e-2")
             super()._assign_work_unit(node)
 
     return TwoLanes(config, log)
