@@ -395,9 +395,9 @@ class HFEngine(InferenceEngine):
             w.set_result(None)
 
     def _end_all(self, reason: str | None = None, error: Exception | None = None) -> None:
-        for row in self._active:
+        rows, self._cohorts = self._active, []
+        for row in rows:
             row.resolve(reason, error)
-        self._cohorts = []
 
     @property
     def _active(self) -> list[_Row]:
@@ -503,11 +503,12 @@ class HFEngine(InferenceEngine):
         own, so only rows that fail by themselves end, each with its own error. A cohort
         of one row ends that row at once."""
         at = self._cohorts.index(kv)
+        del self._cohorts[at]  # before any row's caller sees it fail: `load` runs elsewhere
         parts = kv.split()
         if len(parts) == 1:
             self._fail(parts[0].rows[0], error)
-            parts = []
-        elif parts:
+            return
+        if parts:
             self._stats["isolated_steps"] += 1
         survivors = []
         for part in parts:
@@ -516,7 +517,7 @@ class HFEngine(InferenceEngine):
                 survivors.append(part)
             except Exception as e:  # noqa: BLE001 - this row's own failure
                 self._fail(part.rows[0], e)
-        self._cohorts[at:at + 1] = survivors
+        self._cohorts[at:at] = survivors
 
     def _fail(self, row: _Row, error: Exception) -> None:
         self._stats["failed_requests"] += 1
@@ -562,10 +563,10 @@ class HFEngine(InferenceEngine):
                 if r is None:
                     continue
                 reason = r.finished(self.eos_id)
+                if reason or r.future.cancelled():
+                    kv.rows[i] = None  # before its caller can see it end: `load` runs elsewhere
                 if reason:
                     r.resolve(reason)
-                if reason or r.future.cancelled():
-                    kv.rows[i] = None
             live = [i for i, r in enumerate(kv.rows) if r]
             if 4 * (kv.size - len(live)) >= kv.size:
                 kv.keep(live)

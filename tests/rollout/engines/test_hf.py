@@ -1,12 +1,13 @@
 """HFEngine: exact behaviour logprobs, interruption by weight updates, versions per token."""
 
 import asyncio
+import time
 
 import pytest
 import torch
 
 from areal_ray.algo.logprobs import pad_batch, token_logprobs
-from areal_ray.rollout.engines.base import GenerationRequest, InferenceEngine
+from areal_ray.rollout.engines.base import GenerationRequest, GenerationResult, InferenceEngine
 from areal_ray.rollout.engines.hf import HFEngine
 
 
@@ -351,3 +352,28 @@ def test_a_request_failing_mid_decode_fails_alone_and_the_others_complete(random
     assert load["isolated_steps"] == (batching != "invariant")  # invariant: alone already
     later = engine.generate_batch([GenerationRequest([5, 6], 10, 1.0, ignore_eos=True)])
     assert [len(r.output_ids) for r in later] == [10]
+
+
+@pytest.mark.parametrize("ids", [[5, 6], [5, 10_000, 6]], ids=["finished", "failed"])
+def test_a_request_is_not_running_once_its_caller_has_it(random_model_dir, monkeypatch, ids):
+    """`load` is read from other threads than the scheduler's (the replica's reports, a
+    test's check): a row leaves the running set before its caller is handed the result
+    or the error, however long the scheduler thread is held up right after."""
+    from areal_ray.rollout.engines import hf
+    resolve = hf._Row.resolve
+
+    def held_up(self, *args, **kwargs):
+        resolve(self, *args, **kwargs)
+        time.sleep(0.3)  # the scheduler thread, preempted just after handing the result over
+
+    monkeypatch.setattr(hf._Row, "resolve", held_up)
+    engine = unguarded(HFEngine(random_model_dir, max_batch_size=4, batching="invariant"))
+
+    async def run():
+        done = await asyncio.gather(engine.generate(GenerationRequest(ids, 4, 1.0)),
+                                    return_exceptions=True)
+        return done[0], engine.load()["running"]
+
+    result, running = asyncio.run(run())
+    assert isinstance(result, IndexError if 10_000 in ids else GenerationResult)
+    assert running == 0
