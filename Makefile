@@ -51,9 +51,10 @@ longtail: venv  ## the long-tailed workload: long arithmetic chains worked step 
 lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast run it first
 	$(VENV)/bin/ruff check .
 
-# Two pytest-xdist workers, two lanes (tests/conftest.py): one runs the e2e tier's jobs
-# one at a time, the other every other module beside them (~10% sooner than one process
-# on 2 cores). Whole modules split over two workers were slower (48 min against 36: two
+# Two pytest-xdist workers, two lanes (tests/conftest.py): one runs most of the e2e
+# tier's jobs one at a time, the other every other module beside them and then the
+# rest of the e2e tier (tests/conftest.py: E2E_SECOND_LANE), so both cores stay busy to
+# the end. Whole modules split over two workers were slower (48 min against 36: two
 # jobs at once starve each other). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
