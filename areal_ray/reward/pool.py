@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import multiprocessing as mp
+import pickle
 import subprocess
 import sys
 import time
@@ -73,7 +74,7 @@ def serve(fd: int) -> None:
     partial of one), then answer checks until the pipe closes."""
     conn = Connection(fd)
     sys.path[:] = conn.recv()
-    fn = conn.recv()
+    fn = pickle.loads(conn.recv_bytes())
     while True:
         try:
             msg = conn.recv()
@@ -107,6 +108,7 @@ class TimedChecker:
     def _ensure(self) -> Connection:
         if self._proc is None or self._proc.poll() is not None:
             self._kill()
+            fn = pickle.dumps(self.fn)  # a function that cannot travel fails here, before a process starts
             self._conn, child = mp.Pipe()
             fd = child.fileno()
             self._proc = subprocess.Popen(
@@ -114,7 +116,7 @@ class TimedChecker:
                 pass_fds=(fd,))
             child.close()
             self._conn.send(sys.path)
-            self._conn.send(self.fn)
+            self._conn.send_bytes(fn)
         return self._conn
 
     def _kill(self) -> None:

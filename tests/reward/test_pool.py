@@ -1,6 +1,7 @@
 """TimedChecker bounds every check; the RewardStage fills rewards with reasons."""
 
 import os
+import pickle
 import time
 
 import pytest
@@ -43,6 +44,13 @@ def test_crash_gives_zero_with_reason():
     reward, reason = c("math", "x", "1")
     assert reward == 0.0 and "died" in reason
     c.close()
+
+
+def test_a_check_function_that_cannot_travel_is_refused_before_a_process_starts():
+    c = TimedChecker(timeout_s=5, fn=lambda *a: 1.0)
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        c("math", "1", "1")
+    assert c._proc is None  # no child left waiting for a function that never comes
 
 
 def test_reward_stage_grades_each_sample():
