@@ -71,9 +71,10 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TwoLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
             if not in_e2e_dir(nodeid):
-                return nodeid.split("::")[0]
-            return "e2e-2" if nodeid.split("::")[0] in E2E_SECOND_LANE else "e2e"
+                return module
+            return "e2e-2" if module in E2E_SECOND_LANE else "e2e"
 
         def _assign_work_unit(self, node) -> None:
             if "e2e" in self.workqueue:

@@ -92,7 +92,7 @@ class TimedChecker:
     A plain process and pipe (not a multiprocessing.Pool): the process can be killed
     outright on a timeout. Started as `python -c` rather than by multiprocessing's
     spawn, which first re-runs the parent's main module in the child: in a Ray worker
-    that is Ray's worker script (~0.4 CPU-seconds of imports per checker process, one
+    that is Ray's worker script (~0.3 CPU-seconds of imports per checker process, one
     per reward actor and evaluation, every job). The child exits when the pipe closes,
     its parent's end included.
     """
