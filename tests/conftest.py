@@ -14,14 +14,16 @@ RAY_FIXTURES = {"ray_cluster", "head_cluster"}
 # a real inference engine's processes or a torch.distributed process group
 ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # The e2e modules `make test` runs in the other lane, once that lane's own modules are
-# done, beside the rest of the e2e tier (pytest_xdist_make_scheduler). Chosen by
-# measurement: most of these wait (a kill and its recovery, a notebook's kernel, a
-# `ray start` cluster's job server; alone they kept 2 cores 59-79% busy), and with
-# test_reproducible both lanes end about together. The three that take `head_cluster`
-# stay in one lane, so only one such cluster runs at a time.
-E2E_SECOND_LANE = {f"tests/{m}.py" for m in (
-    "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks", "jobs/test_eval",
-    "jobs/test_faults", "jobs/test_gpu_check", "jobs/test_reproducible")}
+# done, beside the rest of the e2e tier (pytest_xdist_make_scheduler), in this order.
+# Chosen by measurement: most of these wait (a kill and its recovery, a notebook's
+# kernel, a `ray start` cluster's job server; alone they kept 2 cores 59-79% busy), and
+# with test_reproducible and test_bench_backends both lanes end about together (without
+# the latter the main lane ran ~100 s longer, twice). The three that take `head_cluster`
+# stay in one lane, so only one such cluster runs at a time, and come last, one after
+# another: that cluster starts with the first of them, and idled ~540 s between them.
+E2E_SECOND_LANE = tuple(f"tests/{m}.py" for m in (
+    "benchmarks/test_bench_backends", "jobs/test_eval", "jobs/test_faults", "jobs/test_gpu_check",
+    "jobs/test_reproducible", "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks"))
 
 
 def in_e2e_dir(nodeid: str) -> bool:
@@ -52,6 +54,9 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.engine)
         else:
             item.add_marker(pytest.mark.unit)
+    # the second lane's modules in E2E_SECOND_LANE's order (a scope runs in item order)
+    second = {m: i for i, m in enumerate(E2E_SECOND_LANE)}
+    items.sort(key=lambda item: second.get(item.nodeid.split("::")[0], -1))
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -52,6 +52,15 @@ def driver(ray_cluster):
     ray.kill(handle)
 
 
+def serve_replicas(app: str) -> int:
+    """How many replicas Serve runs or starts for `app`'s one deployment: once the
+    autoscaler has decided on a second, more demand only burns the CPU its start needs
+    (Serve's downscale delay, 600 s by default, keeps the decision)."""
+    (deployment,) = serve.status().applications[app].deployments.values()
+    return sum(n for state, n in deployment.replica_states.items()
+               if state in ("STARTING", "UPDATING", "RECOVERING", "RUNNING"))
+
+
 def req(ids: list[int], budget: int) -> GenerationRequest:
     """A request that generates its whole budget (what the replica's methods take)."""
     return GenerationRequest(ids, budget, 1.0, ignore_eos=True)
@@ -103,9 +112,9 @@ def test_short_requests_are_routed_away_from_a_long_one(deploy):
 def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deploy,
                                                                   embedded_model, tmp_path):
     name, drv = driver
-    handle, _ = deploy(["rollout.min_replicas=1", "rollout.max_replicas=2",
-                        "rollout.target_ongoing_requests=2", "rollout.upscale_delay_s=1"],
-                       driver_name=name)
+    handle, app = deploy(["rollout.min_replicas=1", "rollout.max_replicas=2",
+                          "rollout.target_ongoing_requests=2", "rollout.upscale_delay_s=1"],
+                         driver_name=name)
     model = AutoModelForCausalLM.from_pretrained(embedded_model)
     pusher = WeightPusher(WeightsConfig(path="object_store"), drv, 0, str(tmp_path))
     for version in (1, 2):
@@ -113,8 +122,8 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deplo
         pusher.push(model, version)
     (first,) = replica_stats(handle, 1)
     # Demand far above the target, kept up (a request's budget ends at the model's
-    # context): Serve adds a replica mid-run. It registers with the driver and loads
-    # version 2 in its constructor, before Serve routes anything to it.
+    # context) until Serve starts a second replica. It registers with the driver and
+    # loads version 2 in its constructor, before Serve routes anything to it.
     stop = threading.Event()
 
     def keep_busy():
@@ -124,11 +133,15 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deplo
     for t in demand:
         t.start()
     try:
-        stats = replica_stats(handle, 2, timeout_s=180)
+        deadline = time.time() + 180
+        while serve_replicas(app) < 2:
+            assert time.time() < deadline, "Serve added no replica"
+            time.sleep(0.2)
     finally:
         stop.set()
         for t in demand:
             t.join(120)
+    stats = replica_stats(handle, 2, timeout_s=180)
     (new,) = set(stats) - {first}
     assert stats[new]["version"] == 2 and [u["version"] for u in stats[new]["updates"]] == [2]
     assert set(replica_digests(handle, 2).values()) == {(2, digest(model.state_dict()))}

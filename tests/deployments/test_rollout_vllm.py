@@ -30,7 +30,7 @@ from areal_ray.rollout.interruptible import generate_group
 from areal_ray.weights.encoding import digest
 from areal_ray.weights.push import WeightPusher
 from deployments.rollout import build_app
-from tests.deployments.test_rollout import replica_stats, req
+from tests.deployments.test_rollout import replica_stats, req, serve_replicas
 from tests.weights.test_push import perturb, replica_reports
 
 pytest.importorskip("vllm")
@@ -66,8 +66,9 @@ def push(app, tmp_path, path="object_store"):
 
 
 def two_replicas(app) -> dict[str, dict]:
-    """Demand above the autoscaling target until Serve runs a second replica: requests
-    end within a second here, so 12 workers keep resubmitting."""
+    """Demand above the autoscaling target until Serve starts a second replica
+    (requests end within a second here, so 12 workers keep resubmitting), then its
+    start-up, which registers it with the driver."""
     handle, driver = app["handle"], app["driver"]
 
     async def demand():
@@ -79,14 +80,19 @@ def two_replicas(app) -> dict[str, dict]:
 
         async def watch():
             deadline = time.time() + 240
-            while len(await driver.replicas.remote()) < 2:
+            while serve_replicas(app["name"]) < 2:
                 assert time.time() < deadline, "Serve added no replica"
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.2)
             done.set()
         await asyncio.gather(watch(), *[worker() for _ in range(12)])
 
     if len(ray.get(driver.replicas.remote())) < 2:
-        asyncio.run(demand())
+        if serve_replicas(app["name"]) < 2:
+            asyncio.run(demand())
+        deadline = time.time() + 240
+        while len(ray.get(driver.replicas.remote())) < 2:
+            assert time.time() < deadline, "the second replica never registered"
+            time.sleep(0.5)
     return replica_stats(handle, 2)
 
 
