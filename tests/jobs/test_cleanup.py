@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from areal_ray.cluster.ownership import parse_weight_file
+from areal_ray.cluster.ownership import cluster_of, parse_weight_file
 
 REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
@@ -99,10 +99,13 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
     tag = ""
     try:
         # Running: its app serves and its trainer has pushed weights through /dev/shm.
-        # (Other jobs on this machine write weight files too: only an owned one, new.)
+        # (Other jobs on this machine write weight files too, the other lane's among them:
+        # only a new one of this cluster's, not the live owner's.)
+        cluster = cluster_of(head_cluster["gcs_address"])
         deadline = time.time() + 300
         while not (tags := {t[1] for p in SHM.glob("areal-weights-*") if p.name not in before
-                            and (t := parse_weight_file(p.name)) and t[1] != LIVE}):
+                            and (t := parse_weight_file(p.name)) and t[0] == cluster
+                            and t[1] != LIVE}):
             assert job.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(2)
         (tag,) = tags
