@@ -10,6 +10,7 @@ import ray
 import ray._private.state as gcs_state  # the GCS actor table; the state API needs the dashboard
 from ray.data import ActorPoolStrategy
 
+from areal_ray.config.reward import RewardConfig
 from areal_ray.reward.pool import RewardStage
 from areal_ray.types import Group, Sample
 
@@ -38,10 +39,14 @@ def group_rows(n):
 
 
 def reward_pipeline(n, min_size, max_size):
+    # A check's 5 s default bound, past which its reward is 0 ("timeout"), is the
+    # product's; here a loaded machine (a full suite beside it) must not turn a 0.3 s
+    # check into a timeout, which would read as a lost grade.
+    reward = RewardConfig(timeout_s=60.0)
     ds = ray.data.from_items(group_rows(n), override_num_blocks=n).map(
         Pace, num_cpus=0.1, compute=ActorPoolStrategy(size=1))
     return ds.map_batches(RewardStage, batch_size=None, num_cpus=0.25,
-                          fn_constructor_kwargs={"check_fn": slow_check},
+                          fn_constructor_kwargs={"reward": reward, "check_fn": slow_check},
                           compute=ActorPoolStrategy(min_size=min_size, max_size=max_size))
 
 
@@ -92,4 +97,5 @@ def test_a_killed_reward_actor_loses_no_sample(ray_cluster):
     rows = result["rows"]
     assert sorted(r["ticket"] for r in rows) == list(range(30))
     groups = [Group.from_row(r) for r in rows]
-    assert all(s.reward == 1.0 for g in groups for s in g.samples)
+    graded = [(g.ticket, s.reward, s.reward_reason) for g in groups for s in g.samples]
+    assert all((r, why) == (1.0, "checked") for _, r, why in graded), graded
