@@ -58,7 +58,7 @@ lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast 
 # jobs at once starve each other). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
-	$(call ISOLATION_NOTE,without it tests that run code fail closed)
+	$(call ISOLATION_NOTE,without it the tests of the isolation skip and the other tests run code under reward.sandbox=rlimits)
 	@( $(MAKE) --no-print-directory test-contract > .contract/test.log 2>&1; echo $$? > .contract/test.rc ) & \
 	$(PY) -m pytest -q tests --ignore=tests/contract -n $(TEST_WORKERS) --dist loadscope --durations=25 $(ARGS); \
 	rc=$$?; wait; echo "--- the contract tier (make test-contract):"; cat .contract/test.log; \

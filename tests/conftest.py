@@ -130,6 +130,20 @@ def _migrated_mlflow_store(request):
 
 
 @pytest.fixture
+def available_sandbox(monkeypatch) -> str:
+    """Model-written code in the test runs under bubblewrap where this machine has it,
+    else in the explicit rlimits mode (`reward.sandbox=rlimits`: limits, no isolation):
+    tests of what the code does pass on a fresh machine without bubblewrap, and those of
+    the isolation itself (tests/reward/test_sandbox.py) skip there, saying why. Calls
+    that name no mode take it from $AREAL_SANDBOX; the mode is returned for a job's
+    config."""
+    from areal_ray.reward import sandbox
+    mode = "bwrap" if sandbox.bwrap() else "rlimits"
+    monkeypatch.setenv(sandbox.ENV, mode)
+    return mode
+
+
+@pytest.fixture
 def one_rank_group():
     """A one-rank gloo process group (FSDP2 and DCP need one), destroyed afterwards."""
     import datetime

@@ -68,8 +68,9 @@ def check_run(run_dir, mlflow_db, summary: dict, steps_n: int, eta: int, push_pa
 @pytest.mark.parametrize("conf,eta,workers,backend", [
     ("quickstart", 1, 2, "hf"), ("code", 4, 1, "hf"), ("quickstart", 2, 1, "vllm")])
 def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path, conf, eta,
-                                               workers, backend):
+                                               workers, backend, available_sandbox):
     cfg = load_config(f"conf/{conf}.yaml", [f"train.num_workers={workers}",
+        *([f"reward.sandbox={available_sandbox}"] if conf == "code" else []),
         f"rollout.backend={backend}",
         f"model.path={embedded_model}", f"algo.eta={eta}", f"algo.batch_groups={B}",
         f"train.steps={STEPS}", "rollout.group_size=4", "rollout.max_new_tokens=64",

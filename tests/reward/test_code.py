@@ -10,11 +10,8 @@ from areal_ray.reward import sandbox
 from areal_ray.reward.code import CodeChecker, CodeResult, code_reward, extract_code, run_tests
 from areal_ray.reward.sandbox import SandboxUnavailable
 
-
-@pytest.fixture(autouse=True)
-def available_sandbox(monkeypatch):
-    """The calls below name no mode: they get the environment's."""
-    monkeypatch.setenv(sandbox.ENV, "bwrap" if sandbox.bwrap() else "rlimits")
+# the calls below name no mode: they get the environment's (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("available_sandbox")
 
 
 TESTS = [{"input": "3 4\n", "output": "7\n"}, {"input": "10 -2\n", "output": "8"}]

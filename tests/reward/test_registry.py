@@ -30,6 +30,7 @@ class Uncallable:
     check = 3
 
 
+@pytest.mark.usefixtures("available_sandbox")
 def test_builtins_grade_math_and_code():
     reg = CheckerRegistry()
     assert reg.names == ("chain", "code", "math") and set(BUILTIN) == {"math", "code", "chain"}

@@ -78,6 +78,7 @@ def test_find_call(text, want):
     assert find_call(text, ["calc", "python"]) == want
 
 
+@pytest.mark.usefixtures("available_sandbox")
 def test_calculator_and_python_tools_answer_through_call():
     assert asyncio.run(Calculator().call("2+2")) == "4"
     tool = PythonTool()
@@ -89,6 +90,7 @@ def test_calculator_and_python_tools_answer_through_call():
     "import time\ntime.sleep(60)",  # idle: the wall-clock limit
     "while True:\n    pass",  # busy: the CPU limit, or the wall-clock one
 ])
+@pytest.mark.usefixtures("available_sandbox")
 def test_python_tool_is_bounded_in_time(program):
     tool = PythonTool(wall_s=1.0, cpu_s=1)
     t0 = time.perf_counter()
