@@ -106,10 +106,27 @@ class HeadCluster:
         self.proc.wait(10)
 
 
+STARTED = "Ray runtime started."  # what `ray start` prints once its node has registered
+
+
 def start_head(log: Path, num_cpus: int = 4, timeout_s: float = 120.0,
-               extra_env: dict[str, str] | None = None) -> HeadCluster:
+               extra_env: dict[str, str] | None = None, tries: int = 2) -> HeadCluster:
     """`ray start --head --block` with the dashboard (job server) and a metrics export
-    port, in token auth mode; returns once both answer."""
+    port, in token auth mode; returns once `ray start` says its node registered and both
+    answer. The dashboard can answer before that: `ray start` waits a fixed 30 s for its
+    raylet to register with the GCS and then tears the whole node down, which it did on
+    a saturated 2-core machine. A start that ends so is tried again, `tries` in all,
+    on new ports."""
+    for attempt in range(1, tries + 1):
+        try:
+            return _start_head(log, num_cpus, timeout_s, extra_env)
+        except RuntimeError:
+            if attempt == tries:
+                raise
+
+
+def _start_head(log: Path, num_cpus: int, timeout_s: float,
+                extra_env: dict[str, str] | None) -> HeadCluster:
     ports = dict(zip(PORTS, free_ports(len(PORTS))))
     bindir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -130,7 +147,8 @@ def start_head(log: Path, num_cpus: int = 4, timeout_s: float = 120.0,
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     head = HeadCluster(proc, ports, env)
     deadline = time.time() + timeout_s
-    while not (_answers(f"{head.dashboard_url}/api/version") and _answers(head.metrics_url)):
+    while not (STARTED in log.read_text() and _answers(f"{head.dashboard_url}/api/version")
+               and _answers(head.metrics_url)):
         if proc.poll() is not None or time.time() > deadline:
             head.stop()
             raise RuntimeError(f"ray start --head failed:\n{log.read_text()[-3000:]}")
