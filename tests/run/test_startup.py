@@ -43,15 +43,16 @@ def test_replicas_that_never_run_fail_the_job_and_take_the_trainer_started_besid
     from ray.util.state import list_actors
     dashboard = ray.get_runtime_context().runtime_env["env_vars"]["RAY_API_SERVER_ADDRESS"]
 
-    def alive() -> set[str]:
-        return {a.class_name for a in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")])}
     # The job returns once the controller is gone; its workers end with it, a moment
     # later (Ray kills an actor's owned actors and placement group after the owner):
     # under a loaded full suite that moment was longer than the next line took.
-    deadline = time.monotonic() + 30
-    while {"TrainController", "RayTrainWorker", "Driver"} & alive() and time.monotonic() < deadline:
+    trainer, deadline = {"TrainController", "RayTrainWorker", "Driver"}, time.monotonic() + 30
+    while True:
+        alive = {a.class_name for a in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")])}
+        if not trainer & alive or time.monotonic() > deadline:
+            break
         time.sleep(0.5)
-    assert not {"TrainController", "RayTrainWorker", "Driver"} & alive(), alive()
+    assert not trainer & alive, alive
     # the trainer's worker group had started, and on a local cluster (the one a job
     # starts, local_worker_env) Ray Train starts no preemption watcher beside it
     ever = {a.class_name for a in list_actors(address=dashboard, limit=10_000)}
