@@ -152,6 +152,20 @@ class SoloGroup:
             dist.destroy_process_group()
 
 
+def budget_seqs(cfg, m, vocab: int) -> tuple[list[dict], dict]:
+    """Sequences that fill one micro-batch of `algo.microbatch.max_tokens`, and the
+    micro-batches the trainer really makes of them. Under flash attention 8 sequences
+    pack into one row; under a dense mask (sdpa) rows stop at DENSE_ROW_TOKENS, so 8
+    sequences would run as 8 small micro-batches and the memory model would be checked
+    at a size never run: one sequence of the whole budget is a micro-batch of it."""
+    from areal_ray.train.batching import build_microbatches, uses_varlen
+    varlen = uses_varlen(m.policy.config)
+    budget = cfg.algo.microbatch.max_tokens
+    seqs = random_seqs(budget, 8 if varlen else 1, vocab)
+    mbs = [mb for mb in build_microbatches(seqs, budget, cfg.algo.microbatch.pack, 0, varlen) if mb]
+    return seqs, {"microbatches": len(mbs), "microbatch_tokens": max(mb["input_ids"].numel() for mb in mbs)}
+
+
 def build_trainer(c: GPUCheckConfig, cfg, dev: torch.device):
     """(Models, HF config, DecoderShape): the run config's trainer on a random-init
     model of `c.model_config`, sharded with FSDP2 on `dev`."""
@@ -207,15 +221,15 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
             torch.cuda.reset_peak_memory_stats(dev)
         m, hf, shape = build_trainer(c, cfg, dev)
         load_peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
-        seqs = random_seqs(cfg.algo.microbatch.max_tokens, 8, hf.vocab_size)
+        seqs, batching = budget_seqs(cfg, m, hf.vocab_size)
         tokens = sum(len(s["prompt_ids"]) + len(s["output_ids"]) for s in seqs)
         out = {"attn_implementation": cfg.model.attn_implementation or "sdpa", "params": shape.params,
-               "tokens": tokens, "activation_checkpointing": cfg.train.activation_checkpointing}
+               "tokens": tokens, **batching, "activation_checkpointing": cfg.train.activation_checkpointing}
         timed_step(m, seqs, cfg, dev)  # AdamW's state now exists
         stats, step_s, peak = timed_step(m, seqs, cfg, dev)
         out.update(step_s=round(step_s, 3), tokens_per_s=round(tokens / step_s), loss=stats["loss"],
                    grad_norm=stats["grad_norm"])
-        mem = model_memory(cfg, shape, tokens)
+        mem = model_memory(cfg, shape, batching["microbatch_tokens"])
         predicted = mem.total - mem.overhead  # the allocator does not see the context
         ok = bool(torch.isfinite(torch.tensor(stats["loss"])))
         if cuda:
@@ -336,15 +350,16 @@ async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict
     aborted = await long
     await engine.resume()
     g = torch.Generator().manual_seed(2)
-    state = {k: v + 0.01 * torch.randn(v.shape, generator=g).to(v.dtype)
+    # drawn on the CPU (one stream of numbers on every device), added where the model is
+    state = {k: v + 0.01 * torch.randn(v.shape, generator=g).to(v.device, v.dtype)
              for k, v in model.state_dict().items()}
     model.load_state_dict(state)
     await engine.update_weights(state, 1, "abort")
     res = await engine.generate(GenerationRequest(tok_ids, 24, temperature=1.0, ignore_eos=True))
-    ids = torch.tensor([tok_ids + res.output_ids])
+    ids = torch.tensor([tok_ids + res.output_ids], device=model.device)
     with torch.no_grad():
         ref = token_logprobs(model, ids, torch.ones_like(ids))[0, len(tok_ids) - 1:]
-    diff = (ref - torch.tensor(res.logprobs)).abs().max().item()
+    diff = (ref.float().cpu() - torch.tensor(res.logprobs)).abs().max().item()
     return {"generated": len(first.output_ids), "aborted": aborted.stop_reason,
             "aborted_tokens": len(aborted.output_ids), "versions_after_update": sorted(set(res.versions)),
             "logprob_max_abs_diff": round(diff, 5)}
@@ -390,7 +405,8 @@ def check_one_gpu(c: GPUCheckConfig, dev: torch.device) -> dict:
                "release_memory": cfg.rollout.release_memory}
         if not plan["fits"]:
             return {"status": "FAIL", "reason": "the memory plan does not fit this GPU", **out}
-        seqs = random_seqs(cfg.algo.microbatch.max_tokens, 8, hf.vocab_size)
+        seqs, batching = budget_seqs(cfg, m, hf.vocab_size)
+        out.update(batching)
         phase = "asleep" if cfg.rollout.release_memory else "awake"
         # The engine's share in the step phase, held while the real step runs beside it.
         engine = torch.empty(int(out["engine_gib"][phase] * GIB), dtype=torch.uint8, device=dev)
@@ -445,6 +461,8 @@ async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> li
         res = await asyncio.gather(*[engine.generate(GenerationRequest(p, c.loop_new_tokens, 1.0))
                                      for p in prompts for _ in range(cfg.rollout.group_size)])
         t1 = time.perf_counter()
+        print(f"[gpu_check] loop round {v}: generated {sum(len(r.output_ids) for r in res)} tokens "
+              f"in {t1 - t0:.1f} s", flush=True)
         seqs = [{"prompt_ids": prompts[i // cfg.rollout.group_size], "output_ids": r.output_ids,
                  "logprobs": r.logprobs, "versions": r.versions, "advantage": float(i % 2) * 2 - 1,
                  "ticket": i // cfg.rollout.group_size} for i, r in enumerate(res) if r.output_ids]
@@ -454,10 +472,13 @@ async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> li
         state = {k: t.to(dtype) for k, t in full_state_dict(m.policy).items()}
         await engine.update_weights(state, v, "abort")
         t3 = time.perf_counter()
+        print(f"[gpu_check] loop round {v}: step {t2 - t1:.1f} s ({stats['n_microbatches']} micro-batches), "
+              f"push {t3 - t2:.1f} s", flush=True)
         rounds.append({"version": v, "served_versions": sorted({x for r in res for x in r.versions}),
                        "samples": len(seqs), "new_tokens": sum(len(r.output_ids) for r in res),
                        "generate_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
-                       "push_s": round(t3 - t2, 2), "loss": stats["loss"],
+                       "push_s": round(t3 - t2, 2), "microbatches": stats["n_microbatches"],
+                       "loss": stats["loss"],
                        "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
                        if dev.type == "cuda" else None})
     return rounds
@@ -501,7 +522,11 @@ def pick_device(name: str) -> torch.device:
 
 
 def _piece(name: str, c: GPUCheckConfig, q) -> None:
-    """One piece in this (spawned) process; its result, or its error, goes to `q`."""
+    """One piece in this (spawned) process; its result, or its error, goes to `q`.
+    A piece still running shortly before its timeout prints every thread's stack: a
+    hang then says where it is, not only that it happened."""
+    import faulthandler
+    faulthandler.dump_traceback_later(max(1.0, c.piece_timeout_s - 15), exit=False)
     try:
         res = CHECKS[name](c, pick_device(c.device))
     except Exception as e:  # noqa: BLE001 - reported as the piece's FAIL

@@ -17,10 +17,14 @@ def test_gpu_check_cpu_pieces_pass(random_model_dir, embedded_model, tmp_path):
     assert {k: v["status"] for k, v in pieces.items()} == {
         "train_step": "PASS", "weight_push": "PASS", "engine": "PASS", "one_gpu": "SKIP",
         "loop": "PASS"}
-    assert pieces["train_step"]["saved_bytes_per_token"] == pieces["train_step"]["model_bytes_per_token"]
+    step = pieces["train_step"]
+    assert step["saved_bytes_per_token"] == step["model_bytes_per_token"]
+    # sdpa: one sequence of the whole budget, so the one micro-batch is the size checked
+    assert (step["microbatches"], step["microbatch_tokens"]) == (1, step["tokens"]) and step["tokens"] >= 250
     assert pieces["weight_push"]["push"]["1"]["equal"] is True
     assert "not ready" in pieces["weight_push"]["absent_receiver"]["0"]["message"]
     assert [r["served_versions"] for r in pieces["loop"]["rounds"]] == [[0], [1]]
+    assert all(r["microbatches"] >= 1 for r in pieces["loop"]["rounds"])
     assert pieces["engine"]["aborted"] == "abort" and pieces["engine"]["logprob_max_abs_diff"] <= 1e-3
 
 
