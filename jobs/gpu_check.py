@@ -155,14 +155,16 @@ class SoloGroup:
 def budget_seqs(cfg, m, vocab: int) -> tuple[list[dict], dict]:
     """Sequences that fill one micro-batch of `algo.microbatch.max_tokens`, and the
     micro-batches the trainer really makes of them. Under flash attention 8 sequences
-    pack into one row; under a dense mask (sdpa) rows stop at DENSE_ROW_TOKENS, so 8
-    sequences would run as 8 small micro-batches and the memory model would be checked
-    at a size never run: one sequence of the whole budget is a micro-batch of it."""
-    from areal_ray.train.batching import build_microbatches, uses_varlen
+    pack into one row; under a dense mask (sdpa) rows stop sooner (`dense_row_tokens`),
+    so 8 sequences would run as several smaller micro-batches and the memory model would
+    be checked at a size never run: one sequence of the whole budget is a micro-batch of it."""
+    from areal_ray.train.batching import build_microbatches, dense_row_tokens, uses_varlen
+    from areal_ray.train.fsdp import model_device
     varlen = uses_varlen(m.policy.config)
     budget = cfg.algo.microbatch.max_tokens
     seqs = random_seqs(budget, 8 if varlen else 1, vocab)
-    mbs = [mb for mb in build_microbatches(seqs, budget, cfg.algo.microbatch.pack, 0, varlen) if mb]
+    row = dense_row_tokens(m.policy.config, model_device(m.policy))
+    mbs = [mb for mb in build_microbatches(seqs, budget, cfg.algo.microbatch.pack, 0, varlen, row) if mb]
     return seqs, {"microbatches": len(mbs), "microbatch_tokens": max(mb["input_ids"].numel() for mb in mbs)}
 
 

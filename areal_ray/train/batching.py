@@ -89,21 +89,42 @@ def split_minibatches(mine: list[dict], n: int) -> list[list[dict]]:
     return [[s for s in mine if s["ticket"] in set(c)] for c in chunks]
 
 
-# Longest packed row under a dense block-diagonal mask (sdpa/eager, e.g. on CPU):
-# attention over a row of T tokens costs O(T^2) whatever the mask hides, so one
-# 2,000-token row of the quickstart's batch trained at half the speed of the same
-# tokens in rows of at most 512 (or padded rows). Varlen kernels pay only per sequence.
+# Longest packed row under a dense block-diagonal mask (sdpa/eager) on CPU: attention
+# over a row of T tokens costs O(T^2) whatever the mask hides, so one 2,000-token row
+# of the quickstart's batch trained at half the speed of the same tokens in rows of at
+# most 512 (or padded rows). Varlen kernels pay only per sequence.
 DENSE_ROW_TOKENS = 512
 
 
+def dense_row_tokens(config, device: torch.device) -> int:
+    """The longest packed row under a dense mask for this model on this device.
+
+    On CPU, DENSE_ROW_TOKENS (measured there). On a GPU a step's time at these sizes
+    goes mostly per micro-batch (on an H200, Qwen2.5-1.5B's shape trained 320-token
+    micro-batches at ~1,000 tokens/s and 1,280-token ones at ~4,300), so a row may grow
+    until attention over it costs a quarter of the row's other work: per token, 4 FLOPs
+    per query dimension, layer and key of the row, against 2 per parameter. About 4,500
+    tokens for Qwen2.5-1.5B; never below the CPU cap."""
+    if device.type != "cuda":
+        return DENSE_ROW_TOKENS
+    from areal_ray.train.memory import DecoderShape
+    try:
+        shape = DecoderShape.from_hf(config)
+    except AttributeError:  # not a Qwen2/Llama-style config: keep the measured cap
+        return DENSE_ROW_TOKENS
+    return max(DENSE_ROW_TOKENS, shape.params // (8 * shape.q_dim * shape.layers))
+
+
 def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
-                       pad_id: int, varlen: bool = False) -> list[dict | None]:
+                       pad_id: int, varlen: bool = False,
+                       dense_row: int = DENSE_ROW_TOKENS) -> list[dict | None]:
     """`varlen`: the model runs flash-attention, which finds the sequence boundaries of
     a packed row from its position ids, so no O(T^2) block-diagonal mask is built and
-    a row may fill the whole budget; otherwise rows stop at DENSE_ROW_TOKENS."""
+    a row may fill the whole budget; otherwise rows stop at `dense_row` tokens
+    (`dense_row_tokens`)."""
     lengths = [seq_len(s) for s in mine]
     if packed:
-        max_tokens = max_tokens if varlen else min(max_tokens, DENSE_ROW_TOKENS)
+        max_tokens = max_tokens if varlen else min(max_tokens, dense_row)
         bins = ffd(lengths, max_tokens)
         while True:  # agree on one count; FFD with more bins never needs fewer
             k = int(all_reduce([len(bins)], dist.ReduceOp.MAX)[0])

@@ -45,6 +45,7 @@ from areal_ray.algo.value import value_loss
 from areal_ray.train.batching import (
     all_reduce,
     build_microbatches,
+    dense_row_tokens,
     empty_forward,
     forward_logprobs,
     rank_share,
@@ -167,8 +168,10 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
     # The whole step's micro-batches go there at once: packed for flash-attention they
     # are a few vectors of T entries (sdpa's block mask is T x T: use flash on GPUs).
     dev = model_device(m.policy)
+    dense_row = dense_row_tokens(m.policy.config, dev)
     minis = [[to_device(mb, dev) for mb in build_microbatches(part, algo.microbatch.max_tokens,
-                                                              algo.microbatch.pack, pad_id, varlen)]
+                                                              algo.microbatch.pack, pad_id, varlen,
+                                                              dense_row)]
              for part in split_minibatches(rank_share(seqs, rank, world), algo.optim.ppo_minibatches)]
     flat = [mb for mbs in minis for mb in mbs]
     timings = {}

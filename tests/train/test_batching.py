@@ -8,6 +8,7 @@ import torch
 from areal_ray.train.batching import (
     DENSE_ROW_TOKENS,
     build_microbatches,
+    dense_row_tokens,
     rank_share,
     to_device,
     uses_varlen,
@@ -65,3 +66,38 @@ def test_dense_mask_rows_stop_at_the_row_cap_varlen_rows_fill_the_budget(varlen,
     assert max(rows) <= longest and sum(rows) == total
     assert (len(mbs) == 1) is varlen  # without varlen: several rows of at most the cap
     assert ("attention_mask" in mbs[0]) is not varlen
+
+
+QWEN_1_5B = "conf/models/qwen2.5-1.5b.json"
+
+
+@pytest.mark.parametrize("device, model, expect", [
+    ("cpu", QWEN_1_5B, "cap"),  # measured on CPU: the cap whatever the model
+    ("cuda", QWEN_1_5B, "quarter"),  # a GPU: as long as attention stays a quarter of the work
+    ("cuda", "tiny", "cap"),  # a model so small that a quarter is below the CPU cap
+    ("cuda", "not-a-decoder", "cap"),  # a config without a decoder's sizes
+])
+def test_dense_rows_grow_on_a_gpu_while_attention_stays_a_quarter_of_the_work(
+        device, model, expect, random_model_dir):
+    from transformers import AutoConfig
+
+    from areal_ray.train.memory import DecoderShape
+    config = {QWEN_1_5B: lambda: AutoConfig.from_pretrained(QWEN_1_5B),
+              "tiny": lambda: AutoConfig.from_pretrained(random_model_dir),
+              "not-a-decoder": lambda: SimpleNamespace(model_type="other")}[model]()
+    row = dense_row_tokens(config, torch.device(device))
+    if expect == "cap":
+        assert row == DENSE_ROW_TOKENS
+        return
+    s = DecoderShape.from_hf(config)
+    def attention_share(t):  # a row's attention FLOPs per token over its other FLOPs
+        return 4 * s.q_dim * s.layers * t / (2 * s.params)
+    assert attention_share(row) <= 0.25 < attention_share(row + 1)
+    assert 4000 < row < 5000  # ~3.5x fewer micro-batches than the CPU cap at Qwen's size
+
+
+def test_rows_stop_at_the_dense_row_given():
+    seqs = [dict(s, ticket=0) for s in make_seqs(120, seed=5)]
+    mbs = build_microbatches(seqs, max_tokens=8192, packed=True, pad_id=0, dense_row=2048)
+    rows = [mb["input_ids"].shape[1] for mb in mbs]
+    assert max(rows) <= 2048 and max(rows) > DENSE_ROW_TOKENS
