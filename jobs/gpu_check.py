@@ -463,7 +463,8 @@ async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> li
         res = await asyncio.gather(*[engine.generate(GenerationRequest(p, c.loop_new_tokens, 1.0))
                                      for p in prompts for _ in range(cfg.rollout.group_size)])
         t1 = time.perf_counter()
-        print(f"[gpu_check] loop round {v}: generated {sum(len(r.output_ids) for r in res)} tokens "
+        new_tokens = sum(len(r.output_ids) for r in res)
+        print(f"[gpu_check] loop round {v}: generated {new_tokens} tokens "
               f"in {t1 - t0:.1f} s", flush=True)
         seqs = [{"prompt_ids": prompts[i // cfg.rollout.group_size], "output_ids": r.output_ids,
                  "logprobs": r.logprobs, "versions": r.versions, "advantage": float(i % 2) * 2 - 1,
@@ -477,7 +478,7 @@ async def _loop_rounds(c: GPUCheckConfig, cfg, m, engine, dev, vocab: int) -> li
         print(f"[gpu_check] loop round {v}: step {t2 - t1:.1f} s ({stats['n_microbatches']} micro-batches), "
               f"push {t3 - t2:.1f} s", flush=True)
         rounds.append({"version": v, "served_versions": sorted({x for r in res for x in r.versions}),
-                       "samples": len(seqs), "new_tokens": sum(len(r.output_ids) for r in res),
+                       "samples": len(seqs), "new_tokens": new_tokens,
                        "generate_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
                        "push_s": round(t3 - t2, 2), "microbatches": stats["n_microbatches"],
                        "loss": stats["loss"],

@@ -25,6 +25,7 @@ from areal_ray.algo.microbatch import (
 )
 from areal_ray.algo.packing import pack, packed_token_logprobs
 from areal_ray.train.fsdp import model_device
+from areal_ray.train.memory import DecoderShape
 
 
 def uses_varlen(config) -> bool:
@@ -107,7 +108,6 @@ def dense_row_tokens(config, device: torch.device) -> int:
     tokens for Qwen2.5-1.5B; never below the CPU cap."""
     if device.type != "cuda":
         return DENSE_ROW_TOKENS
-    from areal_ray.train.memory import DecoderShape
     try:
         shape = DecoderShape.from_hf(config)
     except AttributeError:  # not a Qwen2/Llama-style config: keep the measured cap
