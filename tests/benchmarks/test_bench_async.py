@@ -62,19 +62,22 @@ def test_an_arm_is_the_base_config_with_its_eta_and_objective(tmp_path, objectiv
     assert c.base.algo.eta != 4 and c.base.algo.loss.decoupled  # each arm is a copy
 
 
-def test_bench_async_runs_every_arm(ray_cluster, embedded_model, tmp_path, capsys):
-    """Plain PPO's arms only: the decoupled objective is every other job's default, and
-    each objective's arm config is checked above (two arms here instead of four)."""
+def test_bench_async_runs_its_arms_into_a_report(ray_cluster, embedded_model, tmp_path, capsys):
+    """One arm, plain PPO at eta 0, through the whole bench: its job, report, table,
+    plot and summary line. The rest is checked without a job: each eta's and
+    objective's arm config (above), the ratios on known arms (above), eta's bound in a
+    job (tests/jobs/test_train.py), and two jobs run in one process (the staleness
+    notebook's); a second arm here cost ~170 s of the suite for none of these."""
     out = tmp_path / "bench" / "report.json"
     rc = bench_async.main([
-        "--config", "conf/bench_async.yaml", "etas=[0,1]", "objectives=[ppo]", f"out={out}",
+        "--config", "conf/bench_async.yaml", "etas=[0]", "objectives=[ppo]", f"out={out}",
         f"base.model.path={embedded_model}", "base.train.steps=3", "base.algo.batch_groups=4",
         "base.rollout.group_size=4", "base.rollout.max_new_tokens=48", "base.task.n_eval=16",
         f"base.run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
     assert rc == 0
     report = json.loads(out.read_text())
     arms = report["arms"]
-    assert [(a["eta"], a["objective"]) for a in arms] == [(0, "ppo"), (1, "ppo")]
+    assert [(a["eta"], a["objective"]) for a in arms] == [(0, "ppo")]
     for a in arms:
         config = json.loads((tmp_path / a["run_dir"] / "config.json").read_text())
         assert config["algo"]["eta"] == a["eta"]
@@ -89,5 +92,5 @@ def test_bench_async_runs_every_arm(ray_cluster, embedded_model, tmp_path, capsy
         assert a["vs_eta0"]["steady_samples_per_s"] == pytest.approx(
             a["steady_samples_per_s"] / sync["steady_samples_per_s"])
     assert (tmp_path / "bench" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len((tmp_path / "bench" / "report.md").read_text().splitlines()) == 2 + 2
+    assert len((tmp_path / "bench" / "report.md").read_text().splitlines()) == 2 + 1
     assert report["summary"] in capsys.readouterr().out

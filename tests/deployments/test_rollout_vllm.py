@@ -211,4 +211,8 @@ def test_a_killed_replica_takes_its_engine_processes_along_and_its_successor_cat
         time.sleep(0.5)
     push(app, tmp_path)  # the dead member is dropped; Serve restarts it meanwhile
     want = (app["version"], digest(app["model"].state_dict()))
-    assert {(d["version"], d["digest"]) for d in replica_reports(app["handle"], 2, timeout_s=240).values()} == {want}
+    # A hang guard, not a speed check: the successor's start took 92 s on an idle 2-core
+    # machine (imports, engine-core and worker processes, the catch-up load) and over
+    # 240 s in CI beside the other lane's training job, where every step ran ~2.5x slower.
+    reports = replica_reports(app["handle"], 2, timeout_s=600)
+    assert {(d["version"], d["digest"]) for d in reports.values()} == {want}
