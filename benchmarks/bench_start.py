@@ -12,13 +12,19 @@ so the machine's drift hits every arm alike.
 
 Per run: launch to first step (the step record's wall clock minus the launch time),
 `first_step_s` of summary.json (from `run_training`'s call: the job's own start-up,
-without the interpreter and the cluster), launch to the job's end; per arm the median.
-Writes the JSON report and prints one summary line.
+without the interpreter and the cluster), launch to the job's end, and the CPU-seconds
+the whole machine spent from launch to the first step, with the processes that spent
+them (Ray's workers are separate processes, not the command's children, so the machine
+is measured: run nothing else beside it). Those CPU-seconds over the machine's cores
+are the floor of the launch time on it: no ordering of the start-up gets below it.
+Per arm the median. Writes the JSON report and prints one summary line.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -26,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from omegaconf import OmegaConf
 
 from areal_ray.config import Config, ConfigError, opt, to_dict, validate
@@ -69,6 +76,67 @@ def first_step_wall(run_dir: Path) -> float | None:
     return None
 
 
+def process_group(cmdline: list[str]) -> str:
+    """The name a launch's CPU-seconds are grouped under: a Ray worker's title
+    (`ray::ServeReplica:<app>:Rollout`, one app name per job folded into `*`), a Python
+    module or script, or a binary's name."""
+    if not cmdline:
+        return "?"
+    head = cmdline[0]
+    if head.startswith("ray::"):
+        return re.sub(r"areal-rollout-[0-9a-f]+", "areal-rollout-*", head.split()[0])
+    if Path(head).name.startswith("python"):
+        args = cmdline[1:]
+        while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+            args = args[1:]
+        if len(args) >= 2 and args[0] == "-m":
+            return f"python -m {args[1]}"
+        if len(args) >= 2 and args[0] == "-c":
+            return f"python -c {(args[1].strip().splitlines() or [''])[0][:40]}"
+        return f"python {Path(args[0]).name}" if args else "python"
+    return Path(head).name
+
+
+class LaunchCpu:
+    """CPU-seconds of the whole machine from construction (the launch) to `stop()`,
+    and of each process group: processes alive at the launch count only what they
+    spend after it; a process that ends between two `sample()`s loses up to one
+    period of its time (the machine total keeps it)."""
+
+    def __init__(self):
+        self.t0 = psutil.cpu_times()
+        self.base = self._read()
+        self.last = dict(self.base)
+
+    @staticmethod
+    def _read() -> dict[tuple[int, float], tuple[str, float]]:
+        out = {}
+        for p in psutil.process_iter(["cmdline", "cpu_times", "create_time"]):
+            try:
+                t = p.info["cpu_times"]
+                out[(p.pid, p.info["create_time"])] = (process_group(p.info["cmdline"] or []),
+                                                      t.user + t.system)
+            except (psutil.Error, TypeError, AttributeError):
+                pass
+        return out
+
+    def sample(self) -> None:
+        self.last.update(self._read())
+
+    def stop(self) -> dict:
+        self.sample()
+        t1 = psutil.cpu_times()
+        busy = sum(getattr(t1, k) - getattr(self.t0, k) for k in ("user", "nice", "system")
+                   if hasattr(t1, k))
+        groups: dict[str, float] = {}
+        for key, (group, cpu) in self.last.items():
+            spent = cpu - self.base.get(key, (group, 0.0))[1]
+            if spent > 0.05:
+                groups[group] = groups.get(group, 0.0) + spent
+        top = dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+        return {"cpu_s": busy, "cores": os.cpu_count(), "cpu_s_by_process": top}
+
+
 def command(mode: str, config_file: Path, overlap: bool, run_dir: Path, name: str, head) -> list[str]:
     job = [sys.executable if mode == "local" else "python", "-m", "jobs.train",
            "--config", str(config_file), f"run.overlap_start={str(overlap).lower()}",
@@ -86,32 +154,47 @@ def one_run(mode: str, overlap: bool, repeat: int, config_file: Path, root: Path
     env = head.env if mode == "submit" else None
     print(f"[bench_start] {name}", flush=True)
     t0 = time.time()
-    done = subprocess.run(command(mode, config_file, overlap, run_dir, name, head), cwd=REPO,
-                          env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    meter, cpu = LaunchCpu(), None
+    with log.open("w") as f:
+        proc = subprocess.Popen(command(mode, config_file, overlap, run_dir, name, head), cwd=REPO,
+                                env=env, stdout=f, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if cpu is None:
+                if first_step_wall(run_dir) is not None:
+                    cpu = meter.stop()
+                else:
+                    meter.sample()
+            time.sleep(0.5)  # the meter's own CPU (reading every process) is reported too
     t_end = time.time()
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed (exit {done.returncode}); its output: {log}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {proc.returncode}); its output: {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
     first = first_step_wall(run_dir)
+    cpu = cpu or {}
     return {"mode": mode, "overlap": overlap, "repeat": repeat, "run_dir": str(run_dir),
             "launch_to_first_step_s": None if first is None else first - t0,
             "first_step_s": summary.get("first_step_s"), "launch_to_end_s": t_end - t0,
-            "wall_s": summary["wall_s"]}
+            "wall_s": summary["wall_s"], "cpu_s_to_first_step": cpu.get("cpu_s"),
+            "floor_s": cpu["cpu_s"] / cpu["cores"] if cpu else None,
+            "cpu_s_by_process": cpu.get("cpu_s_by_process")}
 
 
 def summarize(runs: list[dict]) -> dict:
     out = {}
     for r in runs:
         out.setdefault(f"{r['mode']}/{'overlap' if r['overlap'] else 'sequential'}", []).append(r)
-    keys = ("launch_to_first_step_s", "first_step_s", "launch_to_end_s")
+    keys = ("launch_to_first_step_s", "first_step_s", "launch_to_end_s", "cpu_s_to_first_step",
+            "floor_s")
     return {arm: {k: statistics.median(r[k] for r in mine) for k in keys
-                  if all(r[k] is not None for r in mine)} | {"runs": len(mine)}
+                  if all(r.get(k) is not None for r in mine)} | {"runs": len(mine)}
             for arm, mine in out.items()}
 
 
 def summary_line(report: dict) -> str:
     parts = [f"{arm}: first step {v['launch_to_first_step_s']:.1f} s after launch "
-             f"({v['first_step_s']:.1f} s in the job)"
+             f"({v['first_step_s']:.1f} s in the job"
+             + (f"; {v['cpu_s_to_first_step']:.0f} CPU-s, floor {v['floor_s']:.1f} s" if "floor_s" in v
+                else "") + ")"
              for arm, v in report["arms"].items() if "launch_to_first_step_s" in v]
     return f"bench_start [{report['machine']}; median of {report['repeats']}] " + "; ".join(parts)
 

@@ -30,6 +30,11 @@ def test_bench_peers_runs_both_systems_and_grades_every_saved_model(ray_cluster,
         assert r["n_samples"] == 2 * B * G and r["samples_per_s"] > 0 and r["peak_pss_gib"] > 0.1
         assert 0 < r["first_step_s"] < r["last_step_s"] < r["wall_s"]
         assert r["cpu_s"] > 0 and r["steady_cpu_s_per_step"] >= 0 and r["steady_samples_per_s"] > 0
+        by_process = r["peak_pss_mib_by_process"]  # the peak, process group by group
+        assert abs(sum(by_process.values()) - r["peak_pss_gib"] * 1024) < len(by_process)
+        assert list(by_process.values()) == sorted(by_process.values(), reverse=True)
+    assert "python -m benchmarks.peer_trl" in runs["trl"]["peak_pss_mib_by_process"]
+    assert {"python -m jobs.train", "ray::RayTrainWorker"} <= set(runs["ours-eta2"]["peak_pss_mib_by_process"])
     # TRL's generator idles outside `generate`, and pads every batch to its longest answer
     assert 0 < runs["trl"]["rollout_idle_fraction"] < 1
     assert 0 <= runs["trl"]["padded_row_step_fraction"] < 1
