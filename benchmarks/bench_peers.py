@@ -48,7 +48,7 @@ from tempfile import TemporaryDirectory
 import psutil
 
 from areal_ray.config import ConfigError, opt
-from benchmarks.bench_start import process_group
+from benchmarks.bench_soak import role
 from jobs.cli import bench_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,13 +83,13 @@ def ensure_trl() -> Path:
 
 class TreeMeter:
     """Peak PSS (bytes) and CPU seconds of a process and all its descendants, sampled
-    in a thread, and the peak's PSS by process group (bench_start.process_group: where
-    the memory is). A process's CPU time is the last value seen for its pid, so one that
+    in a thread, and the peak's PSS by process role (bench_soak.role: where the memory
+    is). A process's CPU time is the last value seen for its pid, so one that
     exits keeps what it had used up to its last sample (up to `period_s` of it lost)."""
 
     def __init__(self, pid: int, period_s: float = 0.5):
         self.root, self.period_s, self.peak = psutil.Process(pid), period_s, 0
-        self.peak_by_group: dict[str, int] = {}
+        self.peak_by_role: dict[str, int] = {}
         self.cpu_of: dict[tuple[int, float], float] = {}  # (pid, create time) -> user + system s
         self.series: list[tuple[float, float]] = []  # (wall clock, tree CPU s so far)
         self._stop = threading.Event()
@@ -98,7 +98,7 @@ class TreeMeter:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            total, groups = 0, {}
+            total, roles = 0, {}
             try:
                 procs = [self.root, *self.root.children(recursive=True)]
             except psutil.Error:
@@ -109,13 +109,13 @@ class TreeMeter:
                         pss = p.memory_full_info().pss
                         t = p.cpu_times()
                         self.cpu_of[(p.pid, p.create_time())] = t.user + t.system
-                        group = process_group(p.cmdline())
+                        name = role(p)
                 except psutil.Error:
                     continue
                 total += pss
-                groups[group] = groups.get(group, 0) + pss
+                roles[name] = roles.get(name, 0) + pss
             if total > self.peak:
-                self.peak, self.peak_by_group = total, groups
+                self.peak, self.peak_by_role = total, roles
             self.series.append((time.time(), sum(self.cpu_of.values())))
             self._stop.wait(self.period_s)
 
@@ -147,7 +147,7 @@ def tree_fields(wall: float, meter: TreeMeter, step_walls: list[float]) -> dict:
     """What the meter says about a run whose steps ended at `step_walls` (wall clock)."""
     out = {"wall_s": wall, "peak_pss_gib": meter.peak / 2**30, "cpu_s": meter.cpu_at(float("inf")),
            "peak_pss_mib_by_process": {g: round(b / 2**20) for g, b in sorted(
-               meter.peak_by_group.items(), key=lambda kv: -kv[1])}}
+               meter.peak_by_role.items(), key=lambda kv: -kv[1])}}
     if len(step_walls) >= 2:  # the steady window: end of the first step to the end of the last
         window_cpu = meter.cpu_at(step_walls[-1]) - meter.cpu_at(step_walls[0])
         out["steady_cpu_s_per_step"] = window_cpu / (len(step_walls) - 1)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from omegaconf import OmegaConf
 
 from areal_ray.config import Config, ConfigError, opt, to_dict, validate
 from benchmarks.bench_async import machine
+from benchmarks.bench_soak import role
 from jobs.cli import bench_main, distinct_choices, write_report
 
 MODES = ("local", "submit")
@@ -76,30 +76,9 @@ def first_step_wall(run_dir: Path) -> float | None:
     return None
 
 
-def process_group(cmdline: list[str]) -> str:
-    """The name a launch's CPU-seconds are grouped under: a Ray worker's title
-    (`ray::ServeReplica:<app>:Rollout`, one app name per job folded into `*`), a Python
-    module or script, or a binary's name."""
-    if not cmdline:
-        return "?"
-    head = cmdline[0]
-    if head.startswith("ray::"):
-        return re.sub(r"areal-rollout-[0-9a-f]+", "areal-rollout-*", head.split()[0])
-    if Path(head).name.startswith("python"):
-        args = cmdline[1:]
-        while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
-            args = args[1:]
-        if len(args) >= 2 and args[0] == "-m":
-            return f"python -m {args[1]}"
-        if len(args) >= 2 and args[0] == "-c":
-            return f"python -c {(args[1].strip().splitlines() or [''])[0][:40]}"
-        return f"python {Path(args[0]).name}" if args else "python"
-    return Path(head).name
-
-
 class LaunchCpu:
     """CPU-seconds of the whole machine from construction (the launch) to `stop()`,
-    and of each process group: processes alive at the launch count only what they
+    and of each process role (bench_soak.role): processes alive at the launch count only what they
     spend after it; a process that ends between two `sample()`s loses up to one
     period of its time (the machine total keeps it)."""
 
@@ -111,11 +90,10 @@ class LaunchCpu:
     @staticmethod
     def _read() -> dict[tuple[int, float], tuple[str, float]]:
         out = {}
-        for p in psutil.process_iter(["cmdline", "cpu_times", "create_time"]):
+        for p in psutil.process_iter(["cpu_times", "create_time"]):
             try:
                 t = p.info["cpu_times"]
-                out[(p.pid, p.info["create_time"])] = (process_group(p.info["cmdline"] or []),
-                                                      t.user + t.system)
+                out[(p.pid, p.info["create_time"])] = (role(p), t.user + t.system)
             except (psutil.Error, TypeError, AttributeError):
                 pass
         return out
@@ -128,12 +106,12 @@ class LaunchCpu:
         t1 = psutil.cpu_times()
         busy = sum(getattr(t1, k) - getattr(self.t0, k) for k in ("user", "nice", "system")
                    if hasattr(t1, k))
-        groups: dict[str, float] = {}
-        for key, (group, cpu) in self.last.items():
-            spent = cpu - self.base.get(key, (group, 0.0))[1]
+        roles: dict[str, float] = {}
+        for key, (name, cpu) in self.last.items():
+            spent = cpu - self.base.get(key, (name, 0.0))[1]
             if spent > 0.05:
-                groups[group] = groups.get(group, 0.0) + spent
-        top = dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+                roles[name] = roles.get(name, 0.0) + spent
+        top = dict(sorted(roles.items(), key=lambda kv: -kv[1]))
         return {"cpu_s": busy, "cores": os.cpu_count(), "cpu_s_by_process": top}
 
 
