@@ -59,7 +59,8 @@ lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast 
 # tier's jobs one at a time, the other every other module beside them and then the
 # rest of the e2e tier (tests/conftest.py: E2E_SECOND_LANE), so both cores stay busy to
 # the end. Whole modules split over two workers were slower (48 min against 36: two
-# jobs at once starve each other). TEST_WORKERS=0 runs the suite in one process.
+# jobs at once starve each other). TEST_WORKERS=0 runs the suite in one process. The
+# output ends with a line per lane (tests/conftest.py: its tests' seconds, when it ended).
 TEST_WORKERS ?= 2
 test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
 	$(call ISOLATION_NOTE,without it the tests of the isolation skip and the other tests run code under reward.sandbox=rlimits)

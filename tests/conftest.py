@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,39 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return TwoLanes(config, log)
+
+
+# Where each lane's time went: (lane, node id, phase, start, stop) of every test phase,
+# gathered where the reports arrive (xdist's controller, or the one process).
+LANES: list[tuple[str, str, str, float, float]] = []
+T0 = time.time()
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller gets this report too, with the worker it came from
+    node = getattr(report, "node", None)
+    lane = node.gateway.id if node is not None else "main"
+    LANES.append((lane, report.nodeid, report.when, report.start, report.stop))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per lane: its tests' seconds and when its last test ended, so the lanes'
+    split (E2E_SECOND_LANE) can be judged from CI's output. AREAL_TEST_TIMELINE=<file>
+    also writes every phase as a JSON line."""
+    if not LANES:
+        return
+    for lane in sorted({r[0] for r in LANES}):
+        rows = [r for r in LANES if r[0] == lane]
+        e2e = sum(r[4] - r[3] for r in rows if in_e2e_dir(r[1]))
+        terminalreporter.write_line(
+            f"lane {lane}: {len({r[1] for r in rows})} tests, {sum(r[4] - r[3] for r in rows):.0f} s "
+            f"in tests ({e2e:.0f} s e2e), last ended {max(r[4] for r in rows) - T0:.0f} s after start")
+    if path := os.environ.get("AREAL_TEST_TIMELINE"):
+        with open(path, "w") as f:
+            for lane, nodeid, when, start, stop in LANES:
+                f.write(json.dumps({"lane": lane, "test": nodeid, "phase": when,
+                                    "start": start - T0, "stop": stop - T0}) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ are table-tested in tests/cluster/test_ownership.py."""
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,22 +19,24 @@ REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
 LIVE = "0a1b2c3d"  # the live second owner's tag
 
-# What the cluster holds, read by a fresh driver (it must not be the test process:
-# other tests of the session own a local Ray there).
+# What the cluster holds, read by a driver of its own (it must not be the test process:
+# other tests of the session own a local Ray there), once per line on its stdin: one
+# process for every look (a fresh one each time cost ~4 CPU-s to import and attach).
 PROBE = """
 import json, sys, ray
 from ray import serve
 from ray._private import state
 ray.init(address=sys.argv[1], logging_level="ERROR")
 from ray.util.state import list_placement_groups
-print(json.dumps({
+for _ in sys.stdin:
+  print(json.dumps({
     "apps": {n: a.status.value for n, a in serve.status().applications.items()},
     "drivers": sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)),
     "jobs": {j["JobID"]: {"pid": j["DriverPid"], "dead": j["IsDead"]} for j in state.jobs()},
     "pgs": [{"job": p.creator_job_id, "state": p.state} for p in list_placement_groups(detail=True)],
     "cleaners": [a["JobID"] for a in state.actors(actor_state_name="ALIVE").values()
                  if a["ActorClassName"] == "PlacementGroupCleaner"],
-}))
+  }), flush=True)
 """
 
 # A second job that stays alive: its driver actor, a Serve app and two weight files,
@@ -55,6 +58,7 @@ class App:
     def __call__(self):
         return "ok"
 
+serve.start(proxy_location="Disabled")  # as the job starts Serve: either may come first
 serve.run(App.bind(), name="areal-rollout-%(tag)s", route_prefix=None)
 port = sys.argv[1].rsplit(":", 1)[1]
 for name in ("areal-weights-%%s-%(tag)s-%%d-0.bin" %% (port, os.getpid()),
@@ -64,11 +68,30 @@ sys.stdin.read()  # until the test closes it
 """ % {"tag": LIVE}  # noqa: UP031 - the template is code with braces of its own
 
 
-def probe(cluster: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, cluster["gcs_address"]], env=cluster["env"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class Probe:
+    """The PROBE process: calling it returns what the cluster holds now."""
+
+    def __init__(self, cluster: dict, log: Path):
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-c", PROBE, cluster["gcs_address"]],
+                                     env=cluster["env"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+
+    def __call__(self) -> dict:
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
+        line = self.proc.stdout.readline() if ready else ""
+        assert line.startswith("{"), (line, self.log.read_text()[-3000:])
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def cleanup(cluster: dict, *args: str) -> str:
@@ -95,7 +118,12 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
          f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
          f"run.ray_address={head_cluster['gcs_address']}"],
         cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    owner = None
+    # The live owner and the probe start beside the job (they wait on nothing of it).
+    owner_log = tmp_path / "owner.log"
+    owner = subprocess.Popen([sys.executable, "-c", LIVE_OWNER, head_cluster["gcs_address"]],
+                             env=env, stdin=subprocess.PIPE, stdout=owner_log.open("w"),
+                             stderr=subprocess.STDOUT)
+    probe = Probe(head_cluster, tmp_path / "probe.log")
     tag = ""
     try:
         # Running: its app serves and its trainer has pushed weights through /dev/shm.
@@ -109,15 +137,11 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
             assert job.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(2)
         (tag,) = tags
-        seen = probe(head_cluster)
+        seen = probe()
         assert seen["apps"].get(f"areal-rollout-{tag}") == "RUNNING", seen
         job_id = next(j for j, v in seen["jobs"].items() if v["pid"] == job.pid and not v["dead"])
         assert any(p["job"] == job_id and p["state"] == "CREATED" for p in seen["pgs"]), seen
 
-        owner_log = tmp_path / "owner.log"
-        owner = subprocess.Popen([sys.executable, "-c", LIVE_OWNER, head_cluster["gcs_address"]],
-                                 env=env, stdin=subprocess.PIPE, stdout=owner_log.open("w"),
-                                 stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while len(shm_files(LIVE)) < 2:  # written once its app runs
             assert owner.poll() is None and time.time() < deadline, owner_log.read_text()[-3000:]
@@ -129,7 +153,7 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
         # dead, its Train placement group and cleaner are gone...
         deadline = time.time() + 60
         while True:
-            seen = probe(head_cluster)
+            seen = probe()
             done = seen["jobs"][job_id]["dead"] and f"areal-driver-{tag}" not in seen["drivers"] \
                 and not any(p["job"] == job_id and p["state"] != "REMOVED" for p in seen["pgs"]) \
                 and job_id not in seen["cleaners"]
@@ -147,13 +171,13 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
         for name in leaked:
             assert "would remove weight file" in dry and name in dry, (name, dry)
         assert LIVE not in dry, dry
-        assert shm_files(tag) == leaked and f"areal-rollout-{tag}" in probe(head_cluster)["apps"]
+        assert shm_files(tag) == leaked and f"areal-rollout-{tag}" in probe()["apps"]
 
         out = cleanup(head_cluster)
         assert f"removed Serve app areal-rollout-{tag}" in out, out
         assert all(name in out for name in leaked), out
         assert shm_files(tag) == []
-        after = probe(head_cluster)
+        after = probe()
         assert f"areal-rollout-{tag}" not in after["apps"], after
         # The live owner's app, driver and files, the dead writer's included, are untouched.
         assert after["apps"].get(f"areal-rollout-{LIVE}") == "RUNNING", after
@@ -165,7 +189,8 @@ def test_a_killed_jobs_app_and_weight_files_are_removed_and_a_live_ones_stay(hea
         if job.poll() is None:
             os.kill(job.pid, signal.SIGKILL)
             job.wait(30)
-        if owner is not None and owner.poll() is None:
+        probe.close()
+        if owner.poll() is None:
             owner.stdin.close()  # its driver exits; its app is swept by the cluster's teardown
             owner.wait(60)
         for t in (tag, LIVE):
