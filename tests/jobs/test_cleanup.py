@@ -21,12 +21,13 @@ LIVE = "0a1b2c3d"  # the live second owner's tag
 
 # What the cluster holds, read by a driver of its own (it must not be the test process:
 # other tests of the session own a local Ray there), once per line on its stdin: one
-# process for every look (a fresh one each time cost ~4 CPU-s to import and attach).
+# process for every look (a fresh one each time cost an import of Ray and Serve,
+# 2.7 CPU-s, and an attach).
 PROBE = """
 import json, sys, ray
 from ray import serve
 from ray._private import state
-ray.init(address=sys.argv[1], logging_level="ERROR")
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 from ray.util.state import list_placement_groups
 for _ in sys.stdin:
   print(json.dumps({
@@ -81,10 +82,14 @@ class Probe:
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
         self.proc.stdin.write("\n")
         self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
-        line = self.proc.stdout.readline() if ready else ""
-        assert line.startswith("{"), (line, self.log.read_text()[-3000:])
-        return json.loads(line)
+        deadline = time.time() + 120
+        while select.select([self.proc.stdout], [], [], max(0.0, deadline - time.time()))[0]:
+            line = self.proc.stdout.readline()
+            if line.startswith("{"):
+                return json.loads(line)
+            assert line, self.log.read_text()[-3000:]  # exited
+            # else a line of Ray's own on its stdout (a raylet warning)
+        raise AssertionError(f"the probe did not answer in 120 s: {self.log.read_text()[-3000:]}")
 
     def close(self) -> None:
         self.proc.stdin.close()
