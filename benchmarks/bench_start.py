@@ -78,9 +78,9 @@ def first_step_wall(run_dir: Path) -> float | None:
 
 class LaunchCpu:
     """CPU-seconds of the whole machine from construction (the launch) to `stop()`,
-    and of each process role (bench_soak.role): processes alive at the launch count only what they
-    spend after it; a process that ends between two `sample()`s loses up to one
-    period of its time (the machine total keeps it)."""
+    and of each process role (bench_soak.role): processes alive at the launch count
+    only what they spend after it; a process that ends between two `sample()`s loses
+    up to one period of its time (the machine total keeps it)."""
 
     def __init__(self):
         self.t0 = psutil.cpu_times()

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -26,7 +27,8 @@ ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # another: that cluster starts with the first of them, and idled ~540 s between them.
 E2E_SECOND_LANE = tuple(f"tests/{m}.py" for m in (
     "benchmarks/test_bench_stream", "benchmarks/test_bench_backends", "jobs/test_eval",
-    "jobs/test_faults", "jobs/test_gpu_check", "jobs/test_reproducible", "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks"))
+    "jobs/test_faults", "jobs/test_gpu_check", "jobs/test_reproducible", "jobs/test_cleanup",
+    "jobs/test_submit", "notebooks/test_notebooks"))
 
 
 def in_e2e_dir(nodeid: str) -> bool:
@@ -94,9 +96,18 @@ def pytest_xdist_make_scheduler(config, log):
     return TwoLanes(config, log)
 
 
-# Where each lane's time went: (lane, node id, phase, start, stop) of every test phase,
-# gathered where the reports arrive (xdist's controller, or the one process).
-LANES: list[tuple[str, str, str, float, float]] = []
+class Phase(NamedTuple):
+    """One test phase (setup, call, teardown) as its report says it ran."""
+    lane: str  # the xdist worker, or "main" in one process
+    test: str  # node id
+    when: str
+    start: float
+    stop: float
+
+
+# Where each lane's time went, gathered where the reports arrive (xdist's controller,
+# or the one process).
+LANES: list[Phase] = []
 T0 = time.time()
 
 
@@ -104,27 +115,25 @@ def pytest_runtest_logreport(report):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return  # the controller gets this report too, with the worker it came from
     node = getattr(report, "node", None)
-    lane = node.gateway.id if node is not None else "main"
-    LANES.append((lane, report.nodeid, report.when, report.start, report.stop))
+    LANES.append(Phase(node.gateway.id if node is not None else "main", report.nodeid,
+                       report.when, report.start, report.stop))
 
 
 def pytest_terminal_summary(terminalreporter):
     """One line per lane: its tests' seconds and when its last test ended, so the lanes'
     split (E2E_SECOND_LANE) can be judged from CI's output. AREAL_TEST_TIMELINE=<file>
-    also writes every phase as a JSON line."""
-    if not LANES:
-        return
-    for lane in sorted({r[0] for r in LANES}):
-        rows = [r for r in LANES if r[0] == lane]
-        e2e = sum(r[4] - r[3] for r in rows if in_e2e_dir(r[1]))
+    also writes every phase as a JSON line (times from the session's start)."""
+    for lane in sorted({p.lane for p in LANES}):
+        phases = [p for p in LANES if p.lane == lane]
+        busy = sum(p.stop - p.start for p in phases)
+        e2e = sum(p.stop - p.start for p in phases if in_e2e_dir(p.test))
         terminalreporter.write_line(
-            f"lane {lane}: {len({r[1] for r in rows})} tests, {sum(r[4] - r[3] for r in rows):.0f} s "
-            f"in tests ({e2e:.0f} s e2e), last ended {max(r[4] for r in rows) - T0:.0f} s after start")
-    if path := os.environ.get("AREAL_TEST_TIMELINE"):
+            f"lane {lane}: {len({p.test for p in phases})} tests, {busy:.0f} s in tests "
+            f"({e2e:.0f} s e2e), last ended {max(p.stop for p in phases) - T0:.0f} s after start")
+    if LANES and (path := os.environ.get("AREAL_TEST_TIMELINE")):
         with open(path, "w") as f:
-            for lane, nodeid, when, start, stop in LANES:
-                f.write(json.dumps({"lane": lane, "test": nodeid, "phase": when,
-                                    "start": start - T0, "stop": stop - T0}) + "\n")
+            for p in LANES:
+                f.write(json.dumps(p._replace(start=p.start - T0, stop=p.stop - T0)._asdict()) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,11 @@ are table-tested in tests/cluster/test_ownership.py."""
 
 import json
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,26 +71,38 @@ sys.stdin.read()  # until the test closes it
 
 
 class Probe:
-    """The PROBE process: calling it returns what the cluster holds now."""
+    """The PROBE process: calling it returns what the cluster holds now. Its stdout is
+    read by a thread into a queue, so a line that arrives with another (Ray's own, say)
+    is never left waiting in a buffer that select() cannot see."""
 
     def __init__(self, cluster: dict, log: Path):
         self.log = log
         self.proc = subprocess.Popen([sys.executable, "-c", PROBE, cluster["gcs_address"]],
                                      env=cluster["env"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")  # it exited
 
     def __call__(self) -> dict:
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
         self.proc.stdin.write("\n")
         self.proc.stdin.flush()
         deadline = time.time() + 120
-        while select.select([self.proc.stdout], [], [], max(0.0, deadline - time.time()))[0]:
-            line = self.proc.stdout.readline()
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                raise AssertionError(f"the probe did not answer in 120 s: "
+                                     f"{self.log.read_text()[-3000:]}") from None
             if line.startswith("{"):
                 return json.loads(line)
             assert line, self.log.read_text()[-3000:]  # exited
             # else a line of Ray's own on its stdout (a raylet warning)
-        raise AssertionError(f"the probe did not answer in 120 s: {self.log.read_text()[-3000:]}")
 
     def close(self) -> None:
         self.proc.stdin.close()
