@@ -103,6 +103,15 @@ def run_settings(c: GPUCheckConfig, dev: torch.device):
     return cfg
 
 
+def step_settings(c: GPUCheckConfig, dev: torch.device):
+    """`run_settings` for the pieces that step on `budget_seqs`: advantages are not
+    normalised over the batch, since under a dense mask that batch is one sequence,
+    which normalised against itself has advantage 0, no loss and no gradient."""
+    cfg = run_settings(c, dev)
+    cfg.algo.adv.norm = "none"
+    return cfg
+
+
 def cuda_device() -> torch.device:
     """The current GPU, with its index: torch's process groups refuse an index-less one."""
     return torch.device("cuda", torch.cuda.current_device())
@@ -117,7 +126,9 @@ def free_cuda() -> None:
 
 # ----------------------------------------------------------------- train_step
 def random_seqs(tokens: int, n: int, vocab: int, seed: int = 0) -> list[dict]:
-    """`n` prompt+output sequences of about tokens/n tokens, in groups of 2."""
+    """`n` prompt+output sequences of about tokens/n tokens, in groups of 2, with
+    advantages +1 and -1: with none, a step has no loss and no gradient, and checks
+    nothing of the backward pass's numbers."""
     g = torch.Generator().manual_seed(seed)
     each = max(4, tokens // n)
     seqs = []
@@ -125,7 +136,7 @@ def random_seqs(tokens: int, n: int, vocab: int, seed: int = 0) -> list[dict]:
         ids = torch.randint(10, vocab, (each,), generator=g).tolist()
         p = each // 4
         seqs.append({"prompt_ids": ids[:p], "output_ids": ids[p:], "logprobs": [-1.0] * (each - p),
-                     "versions": [0] * (each - p), "advantage": float(i % 2), "ticket": i // 2})
+                     "versions": [0] * (each - p), "advantage": 1.0 if i % 2 == 0 else -1.0, "ticket": i // 2})
     return seqs
 
 
@@ -216,7 +227,7 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
     from areal_ray.train.fsdp import enable_activation_checkpointing
     from areal_ray.train.memory import DTYPE_BYTES, GIB, activation_bytes_per_token, random_decoder
 
-    cfg = run_settings(c, dev)
+    cfg = step_settings(c, dev)
     cuda = dev.type == "cuda"
     with SoloGroup(dev):
         if cuda:
@@ -233,7 +244,7 @@ def check_train_step(c: GPUCheckConfig, dev: torch.device) -> dict:
                    grad_norm=stats["grad_norm"])
         mem = model_memory(cfg, shape, batching["microbatch_tokens"])
         predicted = mem.total - mem.overhead  # the allocator does not see the context
-        ok = bool(torch.isfinite(torch.tensor(stats["loss"])))
+        ok = bool(torch.isfinite(torch.tensor(stats["loss"]))) and 0 < stats["grad_norm"] < float("inf")
         if cuda:
             out.update(peak_gib=round(peak / GIB, 3), model_gib=round(predicted / GIB, 3),
                        peak_over_model=round(peak / predicted, 3), load_peak_gib=round(load_peak / GIB, 3),
@@ -392,7 +403,7 @@ def check_one_gpu(c: GPUCheckConfig, dev: torch.device) -> dict:
     from areal_ray.cluster.plan import GIB, REPLICA, TRAINER, Node, demands, engine_gib, memory_plan, place, trainer_gib
     if dev.type != "cuda":
         return {"status": "SKIP", "reason": "needs a GPU"}
-    cfg = run_settings(c, dev)
+    cfg = step_settings(c, dev)
     total_gib = torch.cuda.get_device_properties(dev).total_memory / GIB
     p = place(demands(cfg), [Node("this", 64, 1, total_gib)])
     shared = [g for g in p.sharing().values() if {REPLICA, TRAINER} <= {s.role for s in g}]

@@ -19,6 +19,7 @@ def test_gpu_check_cpu_pieces_pass(random_model_dir, embedded_model, tmp_path):
         "loop": "PASS"}
     step = pieces["train_step"]
     assert step["saved_bytes_per_token"] == step["model_bytes_per_token"]
+    assert step["loss"] != 0 and step["grad_norm"] > 0  # the step really moved the weights
     # sdpa: one sequence of the whole budget, so the one micro-batch is the size checked
     assert (step["microbatches"], step["microbatch_tokens"]) == (1, step["tokens"]) and step["tokens"] >= 250
     assert pieces["weight_push"]["push"]["1"]["equal"] is True
