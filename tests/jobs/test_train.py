@@ -65,8 +65,9 @@ def check_run(run_dir, mlflow_db, summary: dict, steps_n: int, eta: int, push_pa
 # (eta 0, as on one shared GPU with the replica freeing its engine's memory every step:
 # the first job of tests/jobs/test_resume.py::test_new_job_resumes_a_runs_checkpoint.)
 # The eta-4 case is the coding task (conf/code.yaml): code rows, sandboxed checks.
+# The vLLM case (eta 2) is the LoRA run below on vLLM: one job, both sets of checks.
 @pytest.mark.parametrize("conf,eta,workers,backend", [
-    ("quickstart", 1, 2, "hf"), ("code", 4, 1, "hf"), ("quickstart", 2, 1, "vllm")])
+    ("quickstart", 1, 2, "hf"), ("code", 4, 1, "hf")])
 def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path, conf, eta,
                                                workers, backend, available_sandbox):
     cfg = load_config(f"conf/{conf}.yaml", [f"train.num_workers={workers}",
@@ -98,28 +99,31 @@ def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_
                                                 "timeout", "exit", "killed", "output limit"}
 
 
-@pytest.mark.parametrize("backend,atol,extra", [
-    ("hf", 1e-4, ["weights.path=collective", "rollout.lora_push=pause"]),
-    ("vllm", 1e-3, ["rollout.lora_push=finish"])])
+@pytest.mark.parametrize("backend,atol,eta,n_steps,extra", [
+    ("hf", 1e-4, 1, 3, ["weights.path=collective", "rollout.lora_push=pause", "run.eval_before=false"]),
+    ("vllm", 1e-3, 2, STEPS, ["rollout.lora_push=finish"])])
 def test_a_lora_run_pushes_only_the_adapter_and_every_replica_passes_the_probe(
-        ray_cluster, embedded_model, tmp_path, backend, atol, extra):
+        ray_cluster, embedded_model, tmp_path, backend, atol, eta, n_steps, extra):
     """conf/quickstart_lora.yaml through the real job on each engine that serves
     adapters: every push is the rank-4 adapter alone (hf: broadcast over the gloo
     group; vllm: shm, running requests finishing under the adapter they started with),
     staleness stays within eta, and each replica's load probe matches the trainer's
-    (weights/probe.py)."""
+    (weights/probe.py). The vLLM run is also the staleness bound's vLLM case: every
+    check of `check_run` at eta 2 over STEPS steps, evaluation before and after."""
     cfg = load_config("conf/quickstart_lora.yaml", [
         *extra, f"model.path={embedded_model}", f"rollout.backend={backend}", "model.lora.rank=4",
-        "model.lora.alpha=8", "algo.eta=1", f"algo.batch_groups={B}", "train.steps=3",
-        "rollout.group_size=4", "rollout.max_new_tokens=32", "run.eval_before=false",
+        "model.lora.alpha=8", f"algo.eta={eta}", f"algo.batch_groups={B}", f"train.steps={n_steps}",
+        "rollout.group_size=4", "rollout.max_new_tokens=32",
         "task.n_eval=8", f"run.run_dir={tmp_path / 'run'}",
         f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
-    run_training(cfg)
+    summary = run_training(cfg)
+    if backend == "vllm":
+        check_run(tmp_path / "run", tmp_path / "mlflow.db", summary, n_steps, eta, "shm", released=False)
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
-    assert [s["version"] for s in steps] == [1, 2, 3]
+    assert [s["version"] for s in steps] == list(range(1, n_steps + 1))
     # 3 layers x (4 x 4 x (128 + 128) + 3 x 4 x (128 + 384)) float32 parameters
     adapter_bytes = 3 * (4 * 4 * 256 + 3 * 4 * 512) * 4
-    assert all(s["push_bytes"] == adapter_bytes and s["staleness_max"] <= 1 for s in steps)
+    assert all(s["push_bytes"] == adapter_bytes and s["staleness_max"] <= eta for s in steps)
     assert {s["push_path"] for s in steps} == {"collective" if backend == "hf" else "shm"}
     if backend == "vllm":  # finish: a push interrupts nothing, so nothing is resubmitted
         assert sum(s["resubmits"] for s in steps) == 0
