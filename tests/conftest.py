@@ -248,19 +248,8 @@ def head_cluster(tmp_path_factory):
     submit to it, kill a job on it and attach notebooks to it take turns (each start
     cost ~7 s, and its first job Serve's and Ray Data's start-up again)."""
     from areal_ray.cluster.head import start_head
-    for attempt in (1, 2):
-        try:
-            head = start_head(tmp_path_factory.mktemp("head") / "ray_start.log",
-                              extra_env={"RAY_metrics_report_interval_ms": "2000"})
-            break
-        except RuntimeError as e:
-            # Under the suite's load the raylet once aborted its start: it waits 15 s
-            # for the dashboard agent to write its port file, and the agent took longer
-            # (Ray's check, "Timed out waiting for file .../dashboard_agent_listen_port").
-            # A failed start stops what it began, so a second one starts clean.
-            if attempt == 2:
-                raise
-            print(f"ray start --head failed, starting it once more: {str(e)[-400:]}", flush=True)
+    head = start_head(tmp_path_factory.mktemp("head") / "ray_start.log",
+                      extra_env={"RAY_metrics_report_interval_ms": "2000"})
     yield {"gcs_address": head.gcs_address, "dashboard_url": head.dashboard_url,
            "metrics_url": head.metrics_url, "env": head.env}
     head.stop()
