@@ -194,15 +194,15 @@ def test_a_push_during_generation_interrupts_it_and_samples_resume_at_the_new_ve
 
 
 def test_a_killed_replica_takes_its_engine_processes_along_and_its_successor_catches_up(app, tmp_path):
-    """SIGKILL of a replica: Ray reaps vLLM's engine-core and worker processes (they
-    would otherwise hold ~2 GB each), Serve starts a new replica, and it loads the
-    current weights before it serves."""
+    """SIGKILL of a replica: Ray reaps vLLM's engine-core process (it would otherwise
+    hold ~2 GB), Serve starts a new replica, and it loads the current weights before
+    it serves."""
     two_replicas(app)
     push(app, tmp_path)
     victim = next(a for a in state.actors().values() if a["State"] == "ALIVE"
                   and "ServeReplica:vllm-" in a["ActorClassName"])
     engine_pids = [p.pid for p in psutil.Process(victim["Pid"]).children(recursive=True)]
-    assert len(engine_pids) >= 2  # vLLM's engine core and its worker
+    assert engine_pids  # vLLM's engine core (on CPUs it runs the model: cpu_env)
     os.kill(victim["Pid"], signal.SIGKILL)
     deadline = time.time() + 60
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
@@ -212,7 +212,7 @@ def test_a_killed_replica_takes_its_engine_processes_along_and_its_successor_cat
     push(app, tmp_path)  # the dead member is dropped; Serve restarts it meanwhile
     want = (app["version"], digest(app["model"].state_dict()))
     # A hang guard, not a speed check: the successor's start took 92 s on an idle 2-core
-    # machine (imports, engine-core and worker processes, the catch-up load) and over
+    # machine (imports, the engine-core process, the catch-up load) and over
     # 240 s in CI beside the other lane's training job, where every step ran ~2.5x slower.
     reports = replica_reports(app["handle"], 2, timeout_s=600)
     assert {(d["version"], d["digest"]) for d in reports.values()} == {want}

@@ -52,7 +52,8 @@ the KV cache asleep until `resume_memory`: vLLM's tags exist for that order, so 
 weight load never needs the KV cache's memory while the trainer may still hold its own.
 
 CPU defaults, tuned for a 2-core machine (see `cpu_env`): OpenMP threads not bound to
-cores (vLLM's auto-binding would pin every replica to the same core), a 256 MB KV
+cores (vLLM's auto-binding would pin every replica to the same core) and so no worker
+process of vLLM's beside its engine core, a 256 MB KV
 cache instead of vLLM's 4 GiB, and eager execution (torch.compile costs 20-30 s at
 start-up on CPU; `engine_kwargs.enforce_eager=false` turns it on). On GPUs vLLM's own
 defaults stand (CUDA graphs, KV cache from `gpu_memory_utilization`) unless
@@ -66,6 +67,7 @@ import dataclasses
 import logging
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from areal_ray.rollout.engines.adapters import PAUSED_PUSH_SLOTS
@@ -94,9 +96,18 @@ SLEEP_TAGS = ("weights", "kv_cache")
 CPU_KV_CACHE_MB = 256
 
 
-def cpu_env(threads: int) -> dict[str, str]:
-    """Environment for vLLM's CPU engine-core process (read when it starts)."""
-    return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+def cpu_env(threads: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Environment for vLLM's CPU engine, set before it starts (its engine-core process
+    inherits it; a variable already in `environ` is kept). OpenMP threads unbound, and
+    while they are, the model runs in the engine-core process (vLLM's UniProcExecutor)
+    instead of the worker process vLLM's CPU platform otherwise starts for it, there only
+    to bind threads before torch loads: one process fewer per engine, and its imports of
+    torch and vLLM, ~15 CPU-seconds of each start on 2 cores. A user who binds threads
+    (VLLM_CPU_OMP_THREADS_BIND) keeps the worker process."""
+    env = {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    if environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind") == "nobind":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
 
 
 def engine_args(model_path: str, *, dtype: str, max_batch_size: int, kv_cache_mb: int | None,

