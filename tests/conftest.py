@@ -202,19 +202,44 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
+# What the session's cluster runs beside the tests, between and during them, made
+# cheaper: each xdist worker keeps one for the whole run (~35 min), and in a full run
+# their own processes used ~715 CPU-seconds of the 2 cores (the Serve controller's loop,
+# the log monitor, the dashboard agent, the GCS), about 16% of the suite. Measured on an
+# idle cluster with one Serve app: 9.2 CPU-s a minute as Ray ships, 5.7 with these.
+# - No metrics collection: every process exports Ray's metrics to the agent, which
+#   serves Prometheus; nothing on this cluster scrapes them (the export is checked on
+#   `head_cluster`, by tests/jobs/test_submit.py). The GCS, agent and workers idle less.
+# - The Serve controller's loop every 0.5 s, not 0.1 s: it reconciles every app on each
+#   turn; autoscaling delays are measured in seconds, not turns.
+# - The log monitor lists the log directory every 0.5 s, not on every 0.1 s turn (Ray
+#   does that by itself past 1,000 files); new lines are still read every turn.
+# - The agent's process report every 30 s, not 5 s (the dashboard's node view: read by
+#   nothing here; the memory monitor that kills workers is the raylet's own).
+QUIET_CLUSTER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+                     "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+                     "REPORTER_UPDATE_INTERVAL_MS": "30000"}
+QUIET_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A private local cluster shared by every test that needs Ray (started once), with
     its dashboard and the workers' environment of a cluster the job starts itself
-    (areal_ray.cluster.system_config.local_worker_env)."""
+    (areal_ray.cluster.system_config.local_worker_env), quieter in the background
+    (QUIET_CLUSTER_ENV: in the environment its processes start with, not this one's,
+    so `head_cluster` is started as Ray ships)."""
     import ray
 
     from areal_ray.cluster.head import free_ports
     from areal_ray.cluster.system_config import local_worker_env
     (port,) = free_ports(1)
-    ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=port, runtime_env={"env_vars": local_worker_env(str(REPO), port)},
-             logging_level="WARNING")
+    with pytest.MonkeyPatch.context() as env:
+        for k, v in QUIET_CLUSTER_ENV.items():
+            env.setenv(k, v)
+        ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
+                 dashboard_port=port, runtime_env={"env_vars": local_worker_env(str(REPO), port)},
+                 logging_level="WARNING", _system_config=QUIET_SYSTEM_CONFIG)
     from ray.data import DataContext
     DataContext.get_current().enable_progress_bars = False
     yield ray
