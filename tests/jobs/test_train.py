@@ -62,41 +62,39 @@ def check_run(run_dir, mlflow_db, summary: dict, steps_n: int, eta: int, push_pa
     return steps
 
 
-# (eta 0, as on one shared GPU with the replica freeing its engine's memory every step:
-# the first job of tests/jobs/test_resume.py::test_new_job_resumes_a_runs_checkpoint.)
-# The eta-4 case is the coding task (conf/code.yaml): code rows, sandboxed checks.
-# The vLLM case (eta 2) is the LoRA run below on vLLM: one job, both sets of checks.
-@pytest.mark.parametrize("conf,eta,workers,backend", [
-    ("quickstart", 1, 2, "hf"), ("code", 4, 1, "hf")])
-def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path, conf, eta,
-                                               workers, backend, available_sandbox):
-    cfg = load_config(f"conf/{conf}.yaml", [f"train.num_workers={workers}",
-        *([f"reward.sandbox={available_sandbox}"] if conf == "code" else []),
-        f"rollout.backend={backend}",
+# The staleness bound at eta 4 on the coding task (conf/code.yaml: code rows, sandboxed
+# checks), trained by two FSDP ranks over the gloo group's weight path. The other bounds
+# are other jobs' checks: eta 0, as on one shared GPU with the replica freeing its
+# engine's memory every step, is the first job of
+# tests/jobs/test_resume.py::test_new_job_resumes_a_runs_checkpoint; eta 1 and eta 2 the
+# LoRA runs below (hf; vLLM, with every check of `check_run`), and the resumed dataset
+# run of test_resume.py (eta 1, across two stops). The default weight path (auto: shared
+# memory here) is the vLLM LoRA run's and test_resume's.
+def test_async_rl_respects_the_staleness_bound(ray_cluster, embedded_model, tmp_path,
+                                               available_sandbox):
+    eta = 4
+    cfg = load_config("conf/code.yaml", [
+        "train.num_workers=2", f"reward.sandbox={available_sandbox}", "rollout.backend=hf",
         f"model.path={embedded_model}", f"algo.eta={eta}", f"algo.batch_groups={B}",
         f"train.steps={STEPS}", "rollout.group_size=4", "rollout.max_new_tokens=64",
         "task.n_eval=16", f"run.run_dir={tmp_path / 'run'}", f"run.name=e2e-eta{eta}",
         f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
         # two FSDP ranks also write a checkpoint: each rank's part lands in one dir
-        f"train.checkpoint_every={STEPS if workers == 2 else 0}",
-        # the default (auto) pushes through shared memory here; one case takes the gloo group
-        f"weights.path={'collective' if eta == 4 else 'auto'}"])
+        f"train.checkpoint_every={STEPS}", "weights.path=collective"])
     summary = run_training(cfg)
     steps = check_run(tmp_path / "run", tmp_path / "mlflow.db", summary, STEPS, eta,
-                      "collective" if eta == 4 else "shm", released=False)
-    if workers == 2:
-        ckpt = latest_checkpoint(tmp_path / "run" / "train")
-        assert {"rng_rank0.pt", "rng_rank1.pt", "state"} <= {p.name for p in ckpt.iterdir()}
-        # each rank wrote its own shards; nothing was gathered on rank 0 but the HF export
-        assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (ckpt / "state").iterdir()}
-        assert AutoModelForCausalLM.from_pretrained(ckpt / "model") is not None  # HF loads it
-    if eta == 4:
-        assert summary["max_staleness"] >= 1  # the producer really ran ahead
-    if conf == "code":  # the tiny arithmetic model writes no Python: 0 with a reason
-        for s in steps:
-            assert sum(s["reward_reasons"].values()) == s["n_samples"]
-            assert set(s["reward_reasons"]) <= {"no fenced code block", "wrong answer", "all passed",
-                                                "timeout", "exit", "killed", "output limit"}
+                      "collective", released=False)
+    ckpt = latest_checkpoint(tmp_path / "run" / "train")
+    assert {"rng_rank0.pt", "rng_rank1.pt", "state"} <= {p.name for p in ckpt.iterdir()}
+    # each rank wrote its own shards; nothing was gathered on rank 0 but the HF export
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (ckpt / "state").iterdir()}
+    assert AutoModelForCausalLM.from_pretrained(ckpt / "model") is not None  # HF loads it
+    assert summary["max_staleness"] >= 1  # the producer really ran ahead
+    # the tiny arithmetic model writes no Python: 0 with a reason
+    for s in steps:
+        assert sum(s["reward_reasons"].values()) == s["n_samples"]
+        assert set(s["reward_reasons"]) <= {"no fenced code block", "wrong answer", "all passed",
+                                            "timeout", "exit", "killed", "output limit"}
 
 
 @pytest.mark.parametrize("backend,atol,eta,n_steps,extra", [
