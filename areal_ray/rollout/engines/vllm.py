@@ -53,9 +53,9 @@ weight load never needs the KV cache's memory while the trainer may still hold i
 
 CPU defaults, tuned for a 2-core machine (see `cpu_env`): OpenMP threads not bound to
 cores (vLLM's auto-binding would pin every replica to the same core) and so no worker
-process of vLLM's beside its engine core, a 256 MB KV
-cache instead of vLLM's 4 GiB, and eager execution (torch.compile costs 20-30 s at
-start-up on CPU; `engine_kwargs.enforce_eager=false` turns it on). On GPUs vLLM's own
+process of vLLM's beside its engine core, a 256 MB KV cache instead of vLLM's 4 GiB,
+and eager execution (torch.compile costs 20-30 s at start-up on CPU;
+`engine_kwargs.enforce_eager=false` turns it on). On GPUs vLLM's own
 defaults stand (CUDA graphs, KV cache from `gpu_memory_utilization`) unless
 `kv_cache_mb` or `enforce_eager` are given.
 """

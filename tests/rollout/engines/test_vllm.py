@@ -2,10 +2,9 @@
 
 Pure shaping is checked against vLLM's own output classes; everything else runs one
 real AsyncLLM (its engine-core process, which runs the model on CPUs) shared by the
-module: logprob parity
-with a teacher-forced pass, abort with partial output and resubmission at the new
-version, wait-mode updates, bit-identical weights inside the engine after a push, and
-no KV reused across a weight change through the prefix cache.
+module: logprob parity with a teacher-forced pass, abort with partial output and
+resubmission at the new version, wait-mode updates, bit-identical weights inside the
+engine after a push, and no KV reused across a weight change through the prefix cache.
 """
 
 import asyncio
