@@ -65,8 +65,8 @@ def check_run(run_dir, mlflow_db, summary: dict, steps_n: int, eta: int, push_pa
 # The staleness bound at eta 4 on the coding task (conf/code.yaml: code rows, sandboxed
 # checks), trained by two FSDP ranks over the gloo group's weight path. The other bounds
 # are other jobs' checks: eta 0, as on one shared GPU with the replica freeing its
-# engine's memory every step, is the first job of
-# tests/jobs/test_resume.py::test_new_job_resumes_a_runs_checkpoint; eta 1 and eta 2 the
+# engine's memory every step, is the first job of tests/jobs/test_resume.py (run twice,
+# deterministic: the two are compared bit for bit); eta 1 and eta 2 the
 # LoRA runs below (hf; vLLM, with every check of `check_run`), and the resumed dataset
 # run of test_resume.py (eta 1, across two stops). The default weight path (auto: shared
 # memory here) is the vLLM LoRA run's and test_resume's.
