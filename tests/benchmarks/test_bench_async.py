@@ -66,8 +66,8 @@ def test_bench_async_runs_its_arms_into_a_report(ray_cluster, embedded_model, tm
     """One arm, plain PPO at eta 0, through the whole bench: its job, report, table,
     plot and summary line. The rest is checked without a job: each eta's and
     objective's arm config (above), the ratios on known arms (above), eta's bound in a
-    job (tests/jobs/test_train.py), and two jobs run in one process (the staleness
-    notebook's); a second arm here cost ~170 s of the suite for none of these."""
+    job (tests/jobs/test_train.py), and two jobs run in one process (test_resume.py's,
+    in-process); a second arm here cost ~170 s of the suite for none of these."""
     out = tmp_path / "bench" / "report.json"
     rc = bench_async.main([
         "--config", "conf/bench_async.yaml", "etas=[0]", "objectives=[ppo]", f"out={out}",
