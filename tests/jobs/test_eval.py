@@ -1,5 +1,6 @@
-"""jobs/eval.py on the embedded model: greedy and sampled pass@k, a JSON report and an
-MLflow run; a bad model path is a clear error before anything starts."""
+"""jobs/eval.py: greedy and sampled pass@k of an agent's answers (through the run's OpenAI
+endpoint), a JSON report and an MLflow run; a bad model path is a clear error before
+anything starts."""
 
 import json
 
@@ -8,31 +9,20 @@ import mlflow
 from jobs.eval import main
 
 
-def test_eval_reports_pass_at_k_to_json_and_mlflow(ray_cluster, embedded_model, tmp_path, capsys):
-    out, store = tmp_path / "eval.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert main(["--config", "conf/quickstart.yaml", "task.n_eval=12", "eval.k=3",
-                 f"eval.out={out}", f"run.mlflow_tracking_uri={store}", "run.name=evaltest"]) == 0
-    report = json.loads(out.read_text())
-    assert report["problems"] == 12 and report["k"] == 3
-    assert 0 <= report["sampled_pass@1"] <= report["sampled_pass@3"] <= 1
-    assert 0 <= report["greedy_pass@1"] <= 1
-    run = mlflow.MlflowClient(tracking_uri=store).get_run(report["mlflow_run_id"])
-    assert run.data.metrics["sampled_pass_at_3"] == report["sampled_pass@3"]
-    assert run.data.params["eval.k"] == "3"
-    assert "pass@3" in capsys.readouterr().out
-
-
 def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
     assert main(["eval.model_path=" + str(tmp_path / "nope")]) == 2
     assert "eval.model_path" in (err := capsys.readouterr().err) and "no config.json" in err
 
 
-def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, tmp_path):
+def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to_and_reports_pass_at_k(
+        ray_cluster, tmp_path, capsys):
     """conf/agents_sdk.yaml's workflow is an OpenAI Agents SDK agent (examples/
     agents_sdk_agent.py, run unchanged): jobs.eval must serve it the run's OpenAI endpoint
     (URL and key filled in as a run does) and grade what it answers. The SDK sends
     `tools=` to a real Serve app, the endpoint parses the warm-started model's hermes
-    calls into `tool_calls`, the SDK runs the calculator and sends the result back."""
+    calls into `tool_calls`, the SDK runs the calculator and sends the result back.
+    The report: greedy and sampled pass@k in the JSON file, the MLflow run and the output
+    line. (The built-in workflow's eval: the quickstart notebook's.)"""
     import socket
 
     from ray import serve
@@ -49,7 +39,12 @@ def test_eval_of_an_agent_workflow_starts_the_endpoint_it_talks_to(ray_cluster, 
     finally:
         serve.shutdown()
     report = json.loads(out.read_text())
-    assert report["problems"] == 6
+    assert report["problems"] == 6 and report["k"] == 8
+    assert 0 <= report["sampled_pass@1"] <= report["sampled_pass@8"] <= 1
+    run = mlflow.MlflowClient(tracking_uri=store).get_run(report["mlflow_run_id"])
+    assert run.data.metrics["sampled_pass_at_8"] == report["sampled_pass@8"]
+    assert run.data.params["eval.k"] == "8"
+    assert "pass@8" in capsys.readouterr().out
     # the agent called the calculator through the endpoint's sessions (the warm start
     # samples a call for about half of the answers): without the endpoint every episode
     # would have failed and nothing would be graded; without the parsed `tool_calls`
