@@ -63,9 +63,9 @@ lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast 
 # output ends with a line per lane (tests/conftest.py: its tests' seconds, when it ended);
 # AREAL_TEST_TIMELINE=<file> writes every test phase there, the contract tier's to <file>.contract.
 TEST_WORKERS ?= 2
-test: lint $(CONTRACT)/.installed  ## the whole suite on local Ray clusters the session starts, the contract tier beside it
+test: lint  ## the whole suite on local Ray clusters the session starts, the contract tier (and its install) beside it
 	$(call ISOLATION_NOTE,without it the tests of the isolation skip and the other tests run code under reward.sandbox=rlimits)
-	@( AREAL_TEST_TIMELINE=$${AREAL_TEST_TIMELINE:+$$AREAL_TEST_TIMELINE.contract} \
+	@mkdir -p .contract; ( AREAL_TEST_TIMELINE=$${AREAL_TEST_TIMELINE:+$$AREAL_TEST_TIMELINE.contract} \
 	   $(MAKE) --no-print-directory test-contract > .contract/test.log 2>&1; echo $$? > .contract/test.rc ) & \
 	$(PY) -m pytest -q tests --ignore=tests/contract -n $(TEST_WORKERS) --dist loadscope --durations=25 $(ARGS); \
 	rc=$$?; wait; echo "--- the contract tier (make test-contract):"; cat .contract/test.log; \

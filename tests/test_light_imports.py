@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import cloudpickle
+import pytest
 import torch
 
 from areal_ray.config import Config
@@ -40,6 +41,30 @@ def test_relayed_objects_unpickle_without_torch():
     factory = PipelineFactory(stream, Config(), "d", "ns", "app", "Rollout")
     source = PromptDatasource(stream, "d", "ns")
     assert _unpickled_modules([Config(), train_loop_per_worker, factory, source, payloads]) == set()
+
+
+def test_ray_trains_controller_unpickles_its_backend_config_and_train_function_without_torch():
+    """What the job's TorchTrainer hands Ray Train's controller: the backend config (and
+    its backend) and the train function, wrapped in the config's context. Ray's own
+    TorchConfig imports torch wherever it is unpickled (train/torch_group.py)."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.torch.config import TorchConfig
+
+    from areal_ray.train.torch_group import TorchGroupConfig
+    trainer = TorchTrainer(train_loop_per_worker, torch_config=TorchGroupConfig(),
+                           scaling_config=ScalingConfig(num_workers=2))
+    config = trainer.backend_config
+    assert config.backend == "gloo"  # TorchTrainer's choice for CPU workers
+    assert _unpickled_modules([config, config.backend_cls(), trainer._get_train_func()]) == set()
+    assert _unpickled_modules(TorchConfig()) == {"torch"}  # what every controller paid
+
+
+@pytest.mark.parametrize("backend,gpus,expected", [
+    (None, 0, "gloo"), (None, 1, "nccl"), (None, 0.5, "nccl"), ("gloo", 1, "gloo")])
+def test_the_group_backend_is_nccl_on_gpu_workers_unless_named(backend, gpus, expected):
+    from areal_ray.train.torch_group import group_backend
+    assert group_backend(backend, gpus) == expected
 
 
 def _imported_modules(statement: str) -> set[str]:

@@ -67,6 +67,7 @@ from areal_ray.train.checkpoint import (
 )
 from areal_ray.train.driver_watch import DriverWatch, actor_alive
 from areal_ray.train.entry import train_loop_per_worker
+from areal_ray.train.torch_group import TorchGroupConfig
 from areal_ray.weights.encoding import NCCL_ENV, state_from
 from areal_ray.weights.group import free_port
 from areal_ray.weights.probe import run_probe_atol
@@ -327,6 +328,7 @@ def run_training(cfg: Config) -> dict:
             prompts, cfg, driver_name, namespace, app_name, DEPLOYMENT_NAME)}
         trainer = TorchTrainer(
             train_loop_per_worker,
+            torch_config=TorchGroupConfig(),  # the controller needs no torch (train/torch_group.py)
             train_loop_config={"cfg": cfg, "driver_name": driver_name, "namespace": namespace,
                                "model_path": model_path, "checkpoint_root": str(run_dir / TRAIN_DIR),
                                "weights_dir": str(run_dir / "weights"),
