@@ -22,14 +22,15 @@ ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # kernel, a `ray start` cluster's job server; alone they kept 2 cores 59-79% busy), and
 # with test_reproducible, test_bench_backends and test_bench_stream both lanes end about
 # together (without the second the main lane ran ~100 s longer, twice; without the
-# third, 113 s: the lane lines at the end of the output); test_bench_async (~120 s)
-# since test_faults' run and test_reproducible's deterministic pair (~340 s here) became
-# jobs of test_resume, in the main lane (and that lane's test_tools lost a job).
+# third, 113 s: the lane lines at the end of the output); test_bench_async and
+# test_bench_rollout (~120 s and ~60 s) since test_faults' run and test_reproducible's
+# deterministic pair (~340 s here) became jobs of test_resume, in the main lane (which
+# still ended ~110 s after this one, once test_tools lost a job there).
 # The three that take `head_cluster` stay in one lane, so only one such cluster runs at
 # a time, and come last, one after another: that cluster starts with the first of them,
 # and idled ~540 s between them.
 E2E_SECOND_LANE = tuple(f"tests/{m}.py" for m in (
-    "benchmarks/test_bench_async", "benchmarks/test_bench_stream",
+    "benchmarks/test_bench_async", "benchmarks/test_bench_rollout", "benchmarks/test_bench_stream",
     "benchmarks/test_bench_backends", "jobs/test_eval", "jobs/test_gpu_check",
     "jobs/test_reproducible", "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks"))
 

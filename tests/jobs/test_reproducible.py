@@ -27,6 +27,7 @@ def config(model, run_dir: Path, *extra: str):
         # warm-started model rarely answers right, and a 3-step run may learn nothing)
         f"rollout.group_size={N}", "rollout.temperature=0.6", "task.max_steps_per_problem=1",
         "algo.dynamic_filter.enabled=true", "algo.dynamic_filter.prompt_factor=8",
+        "reward.max_actors=1",  # as tests/jobs/test_resume.py's runs
         "run.eval_before=false",
         "run.eval_after=false", f"run.run_dir={run_dir}", "run.log_model=false",
         f"run.mlflow_tracking_uri=sqlite:///{run_dir.parent / 'mlflow.db'}", *extra])

@@ -26,9 +26,12 @@ B, GROUP = 4, 4
 
 
 def config(embedded_model, run_dir, mlflow_db, *extra):
+    """The module's runs. One reward actor: a math check takes milliseconds, and a second
+    one only cost its start (~3 CPU-s a job); the pool's scaling is
+    tests/reward/test_pool_scaling.py's."""
     return load_config("conf/quickstart.yaml", [
         f"model.path={embedded_model}", f"algo.batch_groups={B}", f"rollout.group_size={GROUP}",
-        "rollout.max_new_tokens=48", "task.n_eval=8", "run.eval_before=false",
+        "rollout.max_new_tokens=48", "task.n_eval=8", "run.eval_before=false", "reward.max_actors=1",
         "train.checkpoint_every=2", f"run.run_dir={run_dir}",
         f"run.mlflow_tracking_uri=sqlite:///{mlflow_db}", *extra])
 

@@ -30,6 +30,7 @@ def nb_env(head_cluster, tmp_path):
     return {"RAY_ADDRESS": head_cluster["gcs_address"],
             "AREAL_NB_OVERRIDES": " ".join([
                 "train.steps=4", "task.n_eval=8", "rollout.max_new_tokens=64",
+                "reward.max_actors=1",  # as tests/jobs/test_resume.py's runs
                 f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])}
 
 
