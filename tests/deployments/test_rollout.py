@@ -1,13 +1,6 @@
-"""The rollout Serve app on the local cluster: a replica added mid-run by autoscaling
-serving the current version before its first request, hundreds of concurrent requests,
-routing by outstanding tokens, and rolling updates that swap one replica at a time.
-
-One app for the module, as a run has one (each hf replica's start cost ~11 CPU-s; an
-app per test started eight): autoscaled from one replica to two, least-tokens routing,
-rolling updates. The first test watches the second replica start; each later one
-starts from two (`two_replicas`) and counts what it did from its own start: a
-replica's request count and its list of updates cover the replica's life.
-"""
+"""The rollout Serve app on the local cluster: hundreds of concurrent requests, routing
+by outstanding tokens, a replica added mid-run serving the current version before its
+first request, and rolling updates that swap one replica at a time."""
 
 import asyncio
 import random
@@ -30,36 +23,33 @@ from deployments.rollout import build_app
 from tests.weights.test_push import perturb, replica_digests, replica_reports
 
 
-@pytest.fixture(scope="module")
-def app(ray_cluster, embedded_model):
-    tag = uuid.uuid4().hex[:6]
-    name = f"drv-{tag}"
-    drv = Driver.options(name=name).remote(eta=1, batch_groups=1, push_timeout_s=30.0)
-    cfg = load_config(None, [
-        "rollout.num_cpus=0.5", "rollout.min_replicas=1", "rollout.max_replicas=2",
-        "rollout.target_ongoing_requests=2", "rollout.upscale_delay_s=1",
-        "rollout.rolling_update=true"])
-    serve.start(proxy_location="Disabled")
-    appname = f"rollout-{tag}"
-    handle = serve.run(build_app(cfg, embedded_model, name, ray.get_runtime_context().namespace),
-                       name=appname, route_prefix=None)
-    model = AutoModelForCausalLM.from_pretrained(embedded_model)
-    yield {"driver": drv, "handle": handle, "model": model, "version": 0, "name": appname}
-    delete_app(appname)
-    ray.kill(drv)
+@pytest.fixture
+def deploy(ray_cluster, embedded_model):
+    """deploy(overrides, driver_name="", app="") -> (handle, app); torn down after the test.
+    Deploying again under the same app name updates it in place (e.g. scales it)."""
+    apps = set()
+
+    def _deploy(overrides, driver_name="", app=""):
+        app = app or f"rollout-{uuid.uuid4().hex[:6]}"
+        cfg = load_config(None, ["rollout.num_cpus=0.5", *overrides])
+        serve.start(proxy_location="Disabled")
+        handle = serve.run(build_app(cfg, embedded_model, driver_name,
+                                     ray.get_runtime_context().namespace),
+                           name=app, route_prefix=None)
+        apps.add(app)
+        return handle, app
+
+    yield _deploy
+    for app in apps:
+        delete_app(app)
 
 
-def push(app, tmp_path, path="object_store"):
-    """The module's next version: the model perturbed, pushed over `path`."""
-    app["version"] += 1
-    perturb(app["model"], app["version"])
-    pusher = WeightPusher(WeightsConfig(path=path, bucket_mb=1, timeout_s=30.0), app["driver"], 0,
-                          str(tmp_path / "weights"))
-    try:
-        _, stats = pusher.push(app["model"], app["version"])
-    finally:
-        pusher.close()
-    return stats
+@pytest.fixture
+def driver(ray_cluster):
+    name = f"drv-{uuid.uuid4().hex[:6]}"
+    handle = Driver.options(name=name).remote(eta=1, batch_groups=1, push_timeout_s=30.0)
+    yield name, handle
+    ray.kill(handle)
 
 
 def serve_replicas(app: str) -> int:
@@ -80,50 +70,60 @@ def replica_stats(handle, n: int, timeout_s: float = 90.0) -> dict[str, dict]:
     return replica_reports(handle, n, "stats", timeout_s)
 
 
-def two_replicas(app) -> dict[str, dict]:
-    """Demand above the autoscaling target until Serve starts a second replica
-    (requests end within a second here, so 12 workers keep resubmitting), then its
-    start-up, which registers it with the driver."""
-    handle, driver = app["handle"], app["driver"]
+def test_hundreds_of_concurrent_requests_all_complete(deploy):
+    handle, _ = deploy(["rollout.min_replicas=2", "rollout.max_replicas=2"])
+    rng = random.Random(0)
+    budgets = [rng.randint(1, 40) for _ in range(240)]
 
-    async def demand():
-        done = asyncio.Event()
+    async def fire():
+        return await asyncio.gather(*[handle.generate.remote(req([5, 6, 7 + i % 9], n))
+                                      for i, n in enumerate(budgets)])
 
-        async def worker():
-            while not done.is_set():
-                await handle.generate.remote(req([5, 6], 240))
-
-        async def watch():
-            deadline = time.time() + 240
-            while serve_replicas(app["name"]) < 2:
-                assert time.time() < deadline, "Serve added no replica"
-                await asyncio.sleep(0.2)
-            done.set()
-        await asyncio.gather(watch(), *[worker() for _ in range(12)])
-
-    if len(ray.get(driver.replicas.remote())) < 2:
-        if serve_replicas(app["name"]) < 2:
-            asyncio.run(demand())
-        deadline = time.time() + 240
-        while len(ray.get(driver.replicas.remote())) < 2:
-            assert time.time() < deadline, "the second replica never registered"
-            time.sleep(0.5)
-    return replica_stats(handle, 2)
+    results = asyncio.run(fire())
+    assert [len(r["output_ids"]) for r in results] == budgets
+    assert all(r["stop_reason"] == "length" and r["versions"] == [0] * len(r["output_ids"])
+               for r in results)
+    served = {k: s["requests"] for k, s in replica_stats(handle, 2).items()}
+    assert sum(served.values()) >= len(budgets) and min(served.values()) > 0
 
 
-def requests_since(before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:
-    return {k: after[k]["requests"] - before.get(k, {}).get("requests", 0) for k in after}
+def test_short_requests_are_routed_away_from_a_long_one(deploy):
+    """With long generations on one replica, the other has fewer outstanding tokens:
+    every short request goes there (Serve's default compares request counts of two
+    random replicas, which sends some of them to the busy one)."""
+    handle, _ = deploy(["rollout.min_replicas=2", "rollout.max_replicas=2",
+                        "rollout.router=least_tokens"])
+    replica_stats(handle, 2)  # both up
+
+    # a batch call (what the rollout stage sends per group) counts its summed budget
+    long = handle.generate_batch.remote([req([5, 6], 50_000), req([5, 7], 50_000)])
+    t0 = time.time()
+    while not any(s["running"] for s in replica_stats(handle, 2).values()):
+        assert time.time() - t0 < 60, "the long request never started"
+    shorts = [handle.generate.remote(req([5, 6], 4)).result() for _ in range(6)]
+    assert all(len(r["output_ids"]) == 4 for r in shorts)
+    stats = replica_stats(handle, 2).values()
+    (busy,) = [s for s in stats if s["running"]]  # the long request is still running there
+    (idle,) = [s for s in stats if not s["running"]]
+    assert idle["requests"] == 6 and busy["requests"] == 0
+    long.cancel()
 
 
-def test_a_replica_added_by_autoscaling_serves_the_current_version(app, tmp_path):
-    handle = app["handle"]
-    push(app, tmp_path)
-    push(app, tmp_path)
-    version, model = app["version"], app["model"]
+def test_a_replica_added_by_autoscaling_serves_the_current_version(driver, deploy,
+                                                                  embedded_model, tmp_path):
+    name, drv = driver
+    handle, app = deploy(["rollout.min_replicas=1", "rollout.max_replicas=2",
+                          "rollout.target_ongoing_requests=2", "rollout.upscale_delay_s=1"],
+                         driver_name=name)
+    model = AutoModelForCausalLM.from_pretrained(embedded_model)
+    pusher = WeightPusher(WeightsConfig(path="object_store"), drv, 0, str(tmp_path))
+    for version in (1, 2):
+        perturb(model, version)
+        pusher.push(model, version)
     (first,) = replica_stats(handle, 1)
     # Demand far above the target, kept up (a request's budget ends at the model's
     # context) until Serve starts a second replica. It registers with the driver and
-    # loads the current version in its constructor, before Serve routes anything to it.
+    # loads version 2 in its constructor, before Serve routes anything to it.
     stop = threading.Event()
 
     def keep_busy():
@@ -134,7 +134,7 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(app, tmp_path
         t.start()
     try:
         deadline = time.time() + 180
-        while serve_replicas(app["name"]) < 2:
+        while serve_replicas(app) < 2:
             assert time.time() < deadline, "Serve added no replica"
             time.sleep(0.2)
     finally:
@@ -143,75 +143,29 @@ def test_a_replica_added_by_autoscaling_serves_the_current_version(app, tmp_path
             t.join(120)
     stats = replica_stats(handle, 2, timeout_s=180)
     (new,) = set(stats) - {first}
-    assert stats[new]["version"] == version and [u["version"] for u in stats[new]["updates"]] == [version]
-    assert set(replica_digests(handle, 2).values()) == {(version, digest(model.state_dict()))}
-    assert set(ray.get(app["driver"].replicas.remote())) == set(stats)
-    before = replica_stats(handle, 2)
+    assert stats[new]["version"] == 2 and [u["version"] for u in stats[new]["updates"]] == [2]
+    assert set(replica_digests(handle, 2).values()) == {(2, digest(model.state_dict()))}
+    assert set(ray.get(drv.replicas.remote())) == set(stats)
     results = [handle.generate.remote(req([5, 6], 8)) for _ in range(40)]
-    assert all(r.result()["versions"] == [version] * 8 for r in results)
-    assert requests_since(before, replica_stats(handle, 2))[new] > 0  # the new replica served some
+    assert all(r.result()["versions"] == [2] * 8 for r in results)
+    assert replica_stats(handle, 2)[new]["requests"] > 0  # the new replica served them
 
 
-def test_hundreds_of_concurrent_requests_all_complete(app):
-    two_replicas(app)
-    # A handle of its own: the router's counts are per handle, and the module's handle
-    # carries what earlier tests routed through it.
-    handle = serve.get_app_handle(app["name"])
-    before = replica_stats(handle, 2)
-    rng = random.Random(0)
-    budgets = [rng.randint(1, 40) for _ in range(240)]
-
-    async def fire():
-        return await asyncio.gather(*[handle.generate.remote(req([5, 6, 7 + i % 9], n))
-                                      for i, n in enumerate(budgets)])
-
-    # Waves until both replicas have served some (at most 3): a new handle's router can
-    # send a first wave before it has the second replica (as in test_rollout_vllm.py);
-    # every request of every wave must complete.
-    for _ in range(3):
-        results = asyncio.run(fire())
-        assert [len(r["output_ids"]) for r in results] == budgets
-        assert all(r["stop_reason"] == "length" and
-                   r["versions"] == [app["version"]] * len(r["output_ids"]) for r in results)
-        served = requests_since(before, replica_stats(handle, 2))
-        if min(served.values()) > 0:
-            break
-    assert sum(served.values()) >= len(budgets) and min(served.values()) > 0, served
-
-
-def test_short_requests_are_routed_away_from_a_long_one(app):
-    """With long generations on one replica, the other has fewer outstanding tokens:
-    every short request goes there (Serve's default compares request counts of two
-    random replicas, which sends some of them to the busy one)."""
-    two_replicas(app)
-    handle = serve.get_app_handle(app["name"])
-    before = replica_stats(handle, 2)
-    # a batch call (what the rollout stage sends per group) counts its summed budget
-    long = handle.generate_batch.remote([req([5, 6], 50_000), req([5, 7], 50_000)])
-    t0 = time.time()
-    while not any(s["running"] for s in replica_stats(handle, 2).values()):
-        assert time.time() - t0 < 60, "the long request never started"
-    shorts = [handle.generate.remote(req([5, 6], 4)).result() for _ in range(6)]
-    assert all(len(r["output_ids"]) == 4 for r in shorts)
-    stats = replica_stats(handle, 2)
-    served = requests_since(before, stats)
-    (busy,) = [k for k, s in stats.items() if s["running"]]  # the long request is still running there
-    (idle,) = [k for k, s in stats.items() if not s["running"]]
-    assert served[idle] == 6 and served[busy] == 0
-    long.cancel()
-
-
-def test_rolling_updates_swap_one_replica_at_a_time(app, tmp_path):
-    two_replicas(app)
-    handle = app["handle"]
-    start = app["version"]
+def test_rolling_updates_swap_one_replica_at_a_time(driver, deploy, embedded_model, tmp_path):
+    name, drv = driver
+    handle, _ = deploy(["rollout.min_replicas=2", "rollout.max_replicas=2",
+                        "rollout.rolling_update=true"], driver_name=name)
+    replica_stats(handle, 2)
+    model = AutoModelForCausalLM.from_pretrained(embedded_model)
+    pusher = WeightPusher(WeightsConfig(path="object_store"), drv, 0, str(tmp_path))
     load = [handle.generate.remote(req([5, 6], 200)) for _ in range(16)]  # busy replicas
-    for _ in range(3):
-        assert push(app, tmp_path)["replicas"] == 2
+    for version in (1, 2, 3):
+        perturb(model, version)
+        _, stats = pusher.push(model, version)
+        assert stats["replicas"] == 2
     windows = sorted((u["start"], u["end"], u["version"])
-                     for s in replica_stats(handle, 2).values() for u in s["updates"]
-                     if u["version"] > start)
-    assert [v for *_, v in windows] == [start + 1, start + 1, start + 2, start + 2, start + 3, start + 3]
+                     for s in replica_stats(handle, 2).values() for u in s["updates"])
+    assert [v for *_, v in windows] == [1, 1, 2, 2, 3, 3]
     assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:]))  # never two at once
     for r in load:  # interrupted requests came back with their partial output
         out = r.result()

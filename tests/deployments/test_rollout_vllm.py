@@ -23,14 +23,15 @@ from ray._private import state
 from transformers import AutoModelForCausalLM
 
 from areal_ray.cluster.placement import delete_app
-from areal_ray.config import load_config
+from areal_ray.config import WeightsConfig, load_config
 from areal_ray.driver import Driver
 from areal_ray.rollout.engines.base import GenerationRequest
 from areal_ray.rollout.interruptible import generate_group
 from areal_ray.weights.encoding import digest
+from areal_ray.weights.push import WeightPusher
 from deployments.rollout import build_app
-from tests.deployments.test_rollout import push, replica_stats, req, two_replicas
-from tests.weights.test_push import replica_reports
+from tests.deployments.test_rollout import replica_stats, req, serve_replicas
+from tests.weights.test_push import perturb, replica_reports
 
 pytest.importorskip("vllm")
 
@@ -53,6 +54,46 @@ def app(ray_cluster, embedded_model):
     yield {"driver": drv, "handle": handle, "model": model, "version": 0, "name": appname}
     delete_app(appname)
     ray.kill(drv)
+
+
+def push(app, tmp_path, path="object_store"):
+    app["version"] += 1
+    perturb(app["model"], app["version"])
+    pusher = WeightPusher(WeightsConfig(path=path, bucket_mb=1, timeout_s=30.0), app["driver"], 0,
+                          str(tmp_path / "weights"))
+    _, stats = pusher.push(app["model"], app["version"])
+    return stats
+
+
+def two_replicas(app) -> dict[str, dict]:
+    """Demand above the autoscaling target until Serve starts a second replica
+    (requests end within a second here, so 12 workers keep resubmitting), then its
+    start-up, which registers it with the driver."""
+    handle, driver = app["handle"], app["driver"]
+
+    async def demand():
+        done = asyncio.Event()
+
+        async def worker():
+            while not done.is_set():
+                await handle.generate.remote(req([5, 6], 240))
+
+        async def watch():
+            deadline = time.time() + 240
+            while serve_replicas(app["name"]) < 2:
+                assert time.time() < deadline, "Serve added no replica"
+                await asyncio.sleep(0.2)
+            done.set()
+        await asyncio.gather(watch(), *[worker() for _ in range(12)])
+
+    if len(ray.get(driver.replicas.remote())) < 2:
+        if serve_replicas(app["name"]) < 2:
+            asyncio.run(demand())
+        deadline = time.time() + 240
+        while len(ray.get(driver.replicas.remote())) < 2:
+            assert time.time() < deadline, "the second replica never registered"
+            time.sleep(0.5)
+    return replica_stats(handle, 2)
 
 
 def test_a_replica_added_by_autoscaling_serves_the_current_version(app, tmp_path):
