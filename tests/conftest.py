@@ -24,8 +24,8 @@ ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # together (without the second the main lane ran ~100 s longer, twice; without the
 # third, 113 s: the lane lines at the end of the output); test_bench_async and
 # test_bench_rollout (~120 s and ~60 s) since test_faults' run and test_reproducible's
-# deterministic pair (~340 s here) became jobs of test_resume, in the main lane (which
-# still ended ~110 s after this one, once test_tools lost a job there).
+# deterministic pair (~340 s here) became jobs of test_resume, in the main lane (with
+# both, the two lanes ended 1 s apart).
 # The three that take `head_cluster` stay in one lane, so only one such cluster runs at
 # a time, and come last, one after another: that cluster starts with the first of them,
 # and idled ~540 s between them.

@@ -246,7 +246,7 @@ def test_ctrl_c_and_a_killed_driver_stop_a_dataset_run_that_resumes_and_survives
     assert len(restores) == 2 and restores[1]["version"] in (c + 4, c + 6), restores
     after = events[events.index(restores[1]) + 1]
     assert after["version"] == restores[1]["version"] + 1  # training went on from there
-    recs = [r for r in lineage(events) if "version" in r and "event" not in r]
+    recs = lineage(events)  # the third job's step records that stand
     # no push waited for the dead replica (its timeout is 600 s here)
     assert max(r["push_total_s"] for r in recs) < 60, [r["push_total_s"] for r in recs]
     assert all(r["n_samples"] == B * GROUP for r in recs)
