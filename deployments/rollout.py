@@ -114,6 +114,12 @@ class RolloutServer:
                    opts: ServerOptions | None = None):
         opts = opts or ServerOptions.from_config(Config())
         torch.set_num_threads(opts.torch_threads)
+        if driver_name and opts.release_memory:  # size the engine between trainer steps
+            late = await ray.get_actor(driver_name, namespace=namespace).replica_starting.remote(
+                serve.get_replica_context().replica_id.unique_id,
+                ray.get_runtime_context().current_actor)
+            if late:
+                logger.warning(late)
         self.engine = build_engine(opts.backend, model_path, EngineOptions(
             max_batch_size=opts.max_batch_size, dtype=opts.dtype, batching=opts.batching,
             threads=opts.torch_threads, engine_kwargs=dict(opts.engine_kwargs or {}),
@@ -138,13 +144,19 @@ class RolloutServer:
         self.serial = 0  # the driver's publication this replica serves (0: from disk)
         self.failed_serial = 0
         self.updates: list[dict] = []  # when each load held the engine (rolling-update checks)
-        self.receiver = WeightReceiver(self.replica_id, opts.weights_timeout_s, opts.weights_backend)
+        self.receiver = WeightReceiver(self.replica_id, opts.weights_timeout_s, opts.weights_backend,
+                                       host=self.engine.loads_from_host)
         self.metrics = ReplicaMetrics(opts.run_name, self.replica_id)
         self._sampler = asyncio.get_running_loop().create_task(self._sample_metrics())
         if self.driver is not None:
             ctx = ray.get_runtime_context()
+            # What the model on disk computes here: the load probe measures this engine's
+            # gap to the trainer where both hold the same weights (weights/probe.py).
+            disk_probe = None
+            if self.engine.probe_ids:
+                disk_probe = (self.engine.probe_ids, await self.engine.score(self.engine.probe_ids))
             got = await self.driver.register_replica.remote(
-                self.replica_id, ctx.get_node_id(), ctx.current_actor)
+                self.replica_id, ctx.get_node_id(), ctx.current_actor, disk_probe)
             while got[2] is not None and not got[2].admits(self.replica_id):  # a broadcast under way
                 self.serial = got[0]
                 got = await self.driver.wait_for_weights.remote(self.replica_id, got[0], 30.0) or got

@@ -347,9 +347,22 @@ def pick_engine(name: str) -> str:
     return next((b for b in ("sglang", "vllm") if importlib.util.find_spec(b)), "hf")
 
 
-async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict:
+async def _engine_round(engine, model, tok_ids: list[int], context: int, release: bool,
+                        check) -> dict:
+    """Generate, abort a long request, (release and resume the engine's memory, as a
+    replica sharing the trainer's GPU does each step), push new weights, and judge the
+    load probe by the run's rule (`check`, weights/probe.py) from version 0, where
+    engine and model hold the same weights: the measured engine/trainer gap is reported."""
     from areal_ray.algo.logprobs import token_logprobs
     from areal_ray.rollout.engines.base import GenerationRequest
+    from areal_ray.train.probe import model_probe
+    from areal_ray.weights.probe import ProbeMismatch, probe_ids
+    ids = probe_ids(engine.limits.vocab_size)
+    trainer0 = model_probe(model)
+    engine0 = await engine.score(ids)
+    check.baseline(*trainer0)
+    check.register("engine", (ids, engine0))
+    gap0 = max(abs(a - b) for a, b in zip(engine0, trainer0[1]))
     first = await engine.generate(GenerationRequest(tok_ids, 16, temperature=1.0, ignore_eos=True))
     # The longest request the model's context allows (sglang refuses more than that).
     budget = context - len(tok_ids) - 1
@@ -362,12 +375,23 @@ async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict
     await engine.pause("abort")
     aborted = await long
     await engine.resume()
+    if release:  # sglang's memory saver, vLLM's sleep mode: what the one-GPU configs use
+        await engine.release_memory()
+        await engine.resume_memory()
     g = torch.Generator().manual_seed(2)
     # drawn on the CPU (one stream of numbers on every device), added where the model is
     state = {k: v + 0.01 * torch.randn(v.shape, generator=g).to(v.device, v.dtype)
              for k, v in model.state_dict().items()}
     model.load_state_dict(state)
+    check.expect(1, *model_probe(model))
     await engine.update_weights(state, 1, "abort")
+    try:
+        judged = check.check("engine", 1, (ids, await engine.score(ids)))
+        probe = {"probe_rule": check.rule.name, "probe_max_diff": round(judged.max_diff, 5),
+                 "probe_moved": judged.moved and round(judged.moved, 3),
+                 "probe_unseen": judged.unseen}
+    except ProbeMismatch as e:
+        probe = {"probe_rule": check.rule.name, "probe_error": str(e)}
     res = await engine.generate(GenerationRequest(tok_ids, 24, temperature=1.0, ignore_eos=True))
     ids = torch.tensor([tok_ids + res.output_ids], device=model.device)
     with torch.no_grad():
@@ -375,7 +399,8 @@ async def _engine_round(engine, model, tok_ids: list[int], context: int) -> dict
     diff = (ref.float().cpu() - torch.tensor(res.logprobs)).abs().max().item()
     return {"generated": len(first.output_ids), "aborted": aborted.stop_reason,
             "aborted_tokens": len(aborted.output_ids), "versions_after_update": sorted(set(res.versions)),
-            "logprob_max_abs_diff": round(diff, 5)}
+            "released": release, "logprob_max_abs_diff": round(diff, 5),
+            "probe_gap_v0": round(gap0, 5), **probe}
 
 
 def check_engine(c: GPUCheckConfig, dev: torch.device) -> dict:
@@ -383,19 +408,29 @@ def check_engine(c: GPUCheckConfig, dev: torch.device) -> dict:
 
     from areal_ray.rollout.engines.base import EngineOptions
     from areal_ray.rollout.engines.registry import build_engine
+    from areal_ray.weights.probe import ProbeCheck, ProbeRule, probe_atol
     backend = pick_engine(c.engine)
     dtype = "bfloat16" if dev.type == "cuda" else "float32"
-    engine = build_engine(backend, c.engine_model, EngineOptions(dtype=dtype, device=str(dev)))
+    # The run config's memory release: sglang's memory saver or vLLM's sleep mode is
+    # chosen when the engine is built, and fails there if it cannot start (R3-C2).
+    release = run_settings(c, dev).rollout.release_memory
+    engine = build_engine(backend, c.engine_model, EngineOptions(dtype=dtype, device=str(dev),
+                                                                 release_memory=release))
+    # The rule a run in this dtype takes (weights/probe.py): exact in float32, moved in bf16.
+    rule = ProbeRule() if dtype == "bfloat16" else ProbeRule(atol=probe_atol(backend))
     try:
         model = AutoModelForCausalLM.from_pretrained(c.engine_model, dtype=getattr(torch, dtype)).to(dev)
         out = asyncio.run(_engine_round(engine, model, [5, 6, 7, 8, 9, 10],
-                                        model.config.max_position_embeddings))
+                                        model.config.max_position_embeddings, release,
+                                        ProbeCheck(rule)))
     finally:
         engine.shutdown()
         del engine
-    tol = 0.05 if dtype == "bfloat16" else 1e-3
+    # Sampled logprobs against the model's own: judged in float32 only (bf16 kernels
+    # differ by more than any fixed bound: weights/probe.py); the probe judges both.
+    tol = 1e-3 if dtype == "float32" else None
     ok = (out["generated"] == 16 and out["aborted"] == "abort" and out["versions_after_update"] == [1]
-          and out["logprob_max_abs_diff"] <= tol)
+          and "probe_error" not in out and (tol is None or out["logprob_max_abs_diff"] <= tol))
     return {"status": "PASS" if ok else "FAIL", "backend": backend, "tolerance": tol, **out}
 
 

@@ -27,6 +27,7 @@ from areal_ray.cluster.plan import (
     memory_plan,
     place,
     placement_error,
+    sharing_error,
 )
 from areal_ray.config import ConfigError, load_config, opt
 
@@ -79,10 +80,13 @@ def make_plan(cfg, shape: Shape, model) -> dict:
     if not p.fits:
         out["error"] = placement_error(needs, p)
         return out
+    errors = [e for e in [sharing_error(cfg, p)] if e]
     mem = memory_plan(cfg, model, p, shape.gpu_memory_gib)
     out["memory"] = mem
     if not mem["fits"]:
-        out.update(fits=False, error=memory_error(mem))
+        errors.append(memory_error(mem))
+    if errors:
+        out.update(fits=False, error="\n".join(errors))
     return out
 
 
@@ -98,6 +102,14 @@ def render(cfg, plan: dict, shape: Shape, config: str | None) -> str:
             by_gpu.setdefault(f"{s['node']} GPU {g}", []).append(f"{s['role']} {s['index']} ({s['share']:g})")
     for where, who in by_gpu.items():
         lines.append(f"  {where}: {', '.join(who)}")
+    if shape.gpus > 1 and any(0 < d["gpus"] < 1 and d["count"] for d in plan["demands"]):
+        lines.append("  (fractions as Ray places them: each on the fullest GPU it fits. Sharing a GPU "
+                     "is a layout for one-GPU nodes: pairing one replica with one trainer worker per "
+                     "GPU of a larger node would take a placement group)")
+    if shape.nodes > 1:
+        lines.append("  (nodes filled in order: Ray chooses the nodes itself, Serve spreading the "
+                     "replicas, so trainer workers may be on any node; run.run_dir must be storage "
+                     "every node mounts at the same path)")
     if "memory" in plan:
         m = plan["memory"]
         frac = engine_fraction(cfg)
@@ -109,7 +121,7 @@ def render(cfg, plan: dict, shape: Shape, config: str | None) -> str:
         lines.append(f"  trainer worker (algo.microbatch.max_tokens={cfg.algo.microbatch.max_tokens}): "
                      f"step {m['trainer_gib']['step']}, between steps {m['trainer_gib']['resident']}")
         for g in m["gpus"]:
-            if any(o.startswith("trainer") for o in g["on"]):
+            if len(g["on"]) > 1 or any(o.startswith("trainer") for o in g["on"]):
                 lines.append(f"  {g['node']} GPU {g['gpu']}: while generating {g['gib']['generate']}, "
                              f"while stepping {g['gib']['step']}  {'fits' if g['fits'] else 'DOES NOT FIT'}")
     lines.append("verdict: fits" if plan["fits"] else f"verdict: does not fit\n{plan['error']}")

@@ -31,7 +31,7 @@ ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # and idled ~540 s between them.
 E2E_SECOND_LANE = tuple(f"tests/{m}.py" for m in (
     "benchmarks/test_bench_async", "benchmarks/test_bench_rollout", "benchmarks/test_bench_stream",
-    "benchmarks/test_bench_backends", "jobs/test_eval", "jobs/test_gpu_check",
+    "benchmarks/test_bench_backends", "jobs/test_eval", "jobs/test_gpu_check", "jobs/test_wheelhouse",
     "jobs/test_reproducible", "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks"))
 
 
@@ -45,7 +45,8 @@ def pytest_collection_modifyitems(config, items):
     """One tier marker per test, decided here rather than by hand in each file:
     `e2e` (tests/jobs, tests/benchmarks, tests/notebooks, tests/deployments: real
     jobs, benches and Serve apps),
-    `ray` (a test that takes a Ray cluster fixture), `engine` (no cluster, but a real
+    `ray` (a test that takes a Ray cluster fixture, or is marked `ray` in its file
+    because it starts a cluster of its own), `engine` (no cluster, but a real
     inference engine's processes or a torch.distributed process group: a test that
     takes a fixture of ENGINE_FIXTURES, e.g. vLLM's engine or FSDP's one-rank gloo
     group, or is marked `engine` in its file because it starts a group itself, e.g. a
@@ -56,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
         fixtures = set(getattr(item, "fixturenames", ()))
         if in_e2e_dir(item.nodeid):
             item.add_marker(pytest.mark.e2e)
-        elif RAY_FIXTURES & fixtures:
+        elif RAY_FIXTURES & fixtures or item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.ray)
         elif ENGINE_FIXTURES & fixtures or item.get_closest_marker("engine"):
             if not item.get_closest_marker("engine"):

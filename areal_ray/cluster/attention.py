@@ -6,8 +6,10 @@ runs on its flash-attn package when that is installed; otherwise on the hub kern
 `FLASH[impl].repo` at major version `FLASH[impl].major`, loaded through the `kernels`
 package, but only when `kernels` is in transformers' supported range; with neither it
 raises ImportError. That comes after the rollout app has started and eval-before has
-run, so this module answers the same question in seconds, from the job's environment
-(the Train workers are assumed to share it, as with one image or one venv everywhere).
+run, so this module answers the same question in seconds: first from the job's
+environment (`check_attention`, before the cluster is touched), then on every alive
+node with GPUs, where a Train worker may land (`check_attention_on_nodes`: one tiny Ray
+task per node, pinned to it), since each node has its own packages and kernel cache.
 
 Offline (`HF_HUB_OFFLINE`), `kernels` looks the kernel up only in the local cache: the
 file `refs/v<major>` of the kernel repo names a snapshot, whose `build/` holds one
@@ -21,7 +23,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,6 +49,7 @@ FLASH = {
 KERNELS_RANGE = ((0, 17), (0, 18))  # min inclusive, max exclusive
 KERNELS_PIN = "kernels==0.17.2"     # requirements-gpu-vllm.txt, requirements-gpu-kernels.txt
 TRUE = {"1", "ON", "YES", "TRUE"}   # huggingface_hub's reading of a boolean env var
+NODE_CHECK_TIMEOUT_S = 120.0        # a GPU node whose check has not run by then fails the job
 
 
 def installed(module: str, dist: str) -> str | None:
@@ -138,7 +141,7 @@ def attention_path(attn_implementation: str, use_gpu: bool, env: Mapping[str, st
     """Which code runs the trainer's attention, as one line; ConfigError when a flash
     implementation has no path that would load."""
     impl = attn_implementation.removeprefix("paged|")
-    if not use_gpu or "flash" not in impl:
+    if not needs_flash(impl, use_gpu):
         return f"{impl or 'the model default'}: no flash kernel to load"
     spec = FLASH.get(impl)
     native = installed(spec.module, spec.dist) if spec else None
@@ -169,3 +172,64 @@ def check_attention(attn_implementation: str, use_gpu: bool, env: Mapping[str, s
     """Refuse a flash attention that would not load on the Train workers; print the path."""
     print(f"[areal-ray] trainer attention: {attention_path(attn_implementation, use_gpu, env)}",
           flush=True)
+
+
+def needs_flash(attn_implementation: str, use_gpu: bool) -> bool:
+    """Whether the Train workers load a flash kernel at all (never on CPU)."""
+    return use_gpu and "flash" in attn_implementation
+
+
+def node_answer(attn_implementation: str, use_gpu: bool,
+                env: Mapping[str, str] = os.environ) -> tuple[bool, str]:
+    """`attention_path` where it runs, as (loads, line or error): what a node reports."""
+    try:
+        return True, attention_path(attn_implementation, use_gpu, env)
+    except ConfigError as e:
+        return False, str(e)
+
+
+def gpu_nodes(nodes: Iterable[Mapping]) -> dict[str, str]:
+    """Node id -> "address (id prefix)" of each alive node with GPUs, of `ray.nodes()`:
+    where a Train worker may land with `train.use_gpu`."""
+    return {n["NodeID"]: f"{n.get('NodeManagerAddress') or '?'} ({n['NodeID'][:12]})"
+            for n in nodes if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0}
+
+
+def nodes_verdict(answers: Mapping[str, tuple[bool, str]]) -> list[str]:
+    """One line per node ("<node>: <path>"), or ConfigError naming every node on which
+    the Train workers' flash attention would not load, each with its own reason."""
+    failed = {node: text for node, (ok, text) in answers.items() if not ok}
+    if failed:
+        raise ConfigError(
+            f"the trainer's flash attention would not load on {len(failed)} of {len(answers)} "
+            f"GPU node(s), where Train workers may run: "
+            + " | ".join(f"node {node}: {text}" for node, text in sorted(failed.items())))
+    return [f"{node}: {text}" for node, (_, text) in sorted(answers.items())]
+
+
+def check_attention_on_nodes(attn_implementation: str, use_gpu: bool,
+                             nodes: Iterable[Mapping] | None = None) -> list[str]:
+    """`check_attention` on every alive GPU node of the connected cluster, each by a Ray
+    task pinned to that node (it reads that node's packages, environment and kernel
+    cache). Nothing runs when no flash kernel is loaded, so CPU runs pay nothing.
+    `nodes`: `ray.nodes()` by default."""
+    if not needs_flash(attn_implementation, use_gpu):
+        return []
+    import ray
+    targets = gpu_nodes(ray.nodes() if nodes is None else nodes)
+    refs = {label: _ask_node(node_id, attn_implementation, use_gpu)
+            for node_id, label in targets.items()}
+    answers = dict(zip(refs, ray.get(list(refs.values()), timeout=NODE_CHECK_TIMEOUT_S)))
+    lines = nodes_verdict(answers)
+    for line in lines:
+        print(f"[areal-ray] trainer attention on {line}", flush=True)
+    return lines
+
+
+
+def _ask_node(node_id: str, attn_implementation: str, use_gpu: bool):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    task = ray.remote(num_cpus=0, max_retries=0)(node_answer)
+    return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                        ).remote(attn_implementation, use_gpu)

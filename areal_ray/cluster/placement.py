@@ -7,17 +7,34 @@ a worker group it cannot place forever (a controller error, retried without limi
 default); both only log a warning now and then. Here the Serve app is deployed without
 waiting and polled against the deadline, and the Train worker group gets the same
 deadline as its start timeout with controller retries off.
+
+The run dir is Ray Train's storage path: its controller (on the job's node) leaves a
+marker there and every worker looks for it before storing its part of a checkpoint, so
+when the job and its trainer workers may be on different nodes the run dir must be
+storage all of them mount (`check_run_dir`), or the run fails at its first checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
+from pathlib import Path
 
 import ray
 from ray import serve
 
-from areal_ray.cluster.plan import Node, Placement, demands, memory_error, memory_plan, place, placement_error
+from areal_ray.cluster.plan import (
+    TRAINER,
+    Node,
+    Placement,
+    demands,
+    memory_error,
+    memory_plan,
+    place,
+    placement_error,
+    sharing_error,
+)
 from areal_ray.config import ConfigError
 
 # Read by Ray Train's worker group, and propagated by Ray Train from the job's process
@@ -36,19 +53,100 @@ def cluster_nodes() -> list[Node]:
 def check_placement(cfg, shape=None, nodes: list[Node] | None = None,
                     training: bool = True) -> Placement:
     """The run's placement on the cluster's nodes (all of their resources, as if the
-    cluster were idle); PlacementError when it cannot fit, or when a GPU shared by an
-    engine and a trainer worker lacks the memory for both (with `train.gpu_memory_gib`
-    and the model's `shape`)."""
+    cluster were idle); PlacementError when it cannot fit, when it could not start
+    (`sharing_error`: two trainer workers or too large engine shares on one GPU), or
+    when a shared GPU lacks the memory for all on it (with `train.gpu_memory_gib` and
+    the model's `shape`)."""
     nodes = cluster_nodes() if nodes is None else nodes
     needs = demands(cfg, training)
     p = place(needs, nodes)
     if not p.fits:
         raise PlacementError(placement_error(needs, p))
+    if (why := sharing_error(cfg, p)) is not None:
+        raise PlacementError(why)
     if shape is not None and cfg.train.gpu_memory_gib > 0:
         mem = memory_plan(cfg, shape, p, cfg.train.gpu_memory_gib)
         if not mem["fits"]:
             raise PlacementError(memory_error(mem))
     return p
+
+
+# Filesystems (their type in /proc/self/mounts) whose paths are taken to be the same
+# storage on every node that mounts them; any other is taken for the node's own disk
+# (run.shared_storage overrides).
+SHARED_FS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs", "glusterfs",
+    "fuse.s3fs", "fuse.gcsfuse", "fuse.ceph-fuse", "fuse.glusterfs", "fuse.juicefs",
+})
+LATER_NODE = "a node yet to join"
+
+
+def mount_fstype(path: str, mounts: str) -> str:
+    """The type of the filesystem holding `path` (absolute, symlinks resolved): that of
+    the deepest mount point above it in `mounts`, /proc/self/mounts' text ('' if none)."""
+    best, fstype = -1, ""
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        # the kernel writes a space, tab, newline or backslash in a path as \ooo
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])
+        inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:  # later lines are mounted over earlier ones
+            best, fstype = len(point), parts[2]
+    return fstype
+
+
+def run_hosts(nodes: list[dict], here: str, cpus: float, gpus: float) -> list[str]:
+    """The nodes that use the run dir as Ray Train's storage, among `nodes` (as
+    `ray.nodes()` lists them): the job's own (node id `here`: its driver and Ray Train's
+    controller) and every alive node with the resources of one trainer worker (`cpus`,
+    `gpus`); when none has them now, an autoscaler's node yet to join."""
+    alive = [n for n in nodes if n.get("Alive")]
+
+    def fits(n: dict) -> bool:
+        res = n.get("Resources", {})
+        return res.get("CPU", 0) + 1e-9 >= cpus and (not gpus or res.get("GPU", 0) + 1e-9 >= gpus)
+
+    capable = [n for n in alive if fits(n)]
+    ids = [here] + [n["NodeID"] for n in capable if n["NodeID"] != here]
+    names = {n["NodeID"]: n.get("NodeManagerAddress") or n["NodeID"][:8] for n in alive}
+    return [names.get(i, i[:8]) for i in ids] + ([] if capable else [LATER_NODE])
+
+
+def run_dir_problem(run_dir: str, fstype: str, hosts: list[str], shared: bool | None = None) -> str | None:
+    """Why `run_dir` (on a filesystem of type `fstype`) cannot be the run's storage when
+    `hosts` use it, or None. One host: any directory. Several: one they all mount,
+    which `shared` says (run.shared_storage), or else its filesystem's type."""
+    if len(hosts) <= 1 or shared or (shared is None and fstype in SHARED_FS):
+        return None
+    why = ("run.shared_storage=false" if shared is False
+           else f"{fstype or 'unknown'} filesystem, not a network one this check knows")
+    return (f"the run dir {run_dir} is this node's own storage ({why}), but the job and its trainer "
+            f"workers may run on {len(hosts)} nodes ({', '.join(hosts)}): every worker stores its part "
+            "of each checkpoint there, and Ray Train refuses a path its node lacks ('Unable to set up "
+            "cluster storage'), so the run would fail at its first checkpoint. Pass run.run_dir=<a "
+            "directory every node mounts at the same path> (NFS, Lustre, GPFS, CephFS, a bucket "
+            "through s3fs or gcsfuse), or run.shared_storage=true if it is shared storage this check "
+            "does not know.")
+
+
+def check_run_dir(cfg, run_dir: str, nodes: list[dict] | None = None, here: str | None = None,
+                  mounts: str | None = None) -> None:
+    """ConfigError when `run_dir` (absolute) is not storage every node that uses it
+    shares (`run_dir_problem`), with the live cluster's nodes and this node's mounts."""
+    trainer = next(d for d in demands(cfg) if d.role == TRAINER)
+    nodes = ray.nodes() if nodes is None else nodes
+    here = ray.get_runtime_context().get_node_id() if here is None else here
+    hosts = run_hosts(nodes, here, trainer.cpus, trainer.gpus)
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:  # not Linux: the type stays unknown, run.shared_storage decides
+            mounts = ""
+    fstype = mount_fstype(os.path.realpath(run_dir), mounts)
+    if (why := run_dir_problem(run_dir, fstype, hosts, cfg.run.shared_storage)) is not None:
+        raise ConfigError(why)
 
 
 def app_problem(app_name: str) -> tuple[str, str]:

@@ -9,12 +9,23 @@ the job places the run on the cluster's shape here first (`place`) and refuses a
 that cannot work, naming the numbers, in seconds; `jobs/plan.py` prints the same plan
 for a cluster that does not exist yet.
 
-Placement follows Ray's rules: a request of one GPU or more takes whole free GPUs on one
-node; a fraction takes part of a single GPU (first one with enough left), never parts of
-two. Actors are placed in the order the job starts them (replicas, then trainer
-workers, then reward actors), first fit. Passing here is necessary, not sufficient:
-other jobs' actors may hold what this plan counts on, which is what the placement
-deadline (`run.placement_timeout_s`) is for.
+Placement follows Ray's rules on a node (its raylet's `TryAllocate`,
+src/ray/common/scheduling/resource_instance_set.cc): a request of one GPU or more takes
+whole free GPUs on one node, lowest index first; a fraction takes part of a single GPU,
+never parts of two, and the GPU it takes is the best fit: the one it leaves least free
+(the lowest index of equals). So on a node with several GPUs fractions pile onto the
+fullest GPU that still fits them, and one replica and one trainer worker are not paired
+per GPU (that pairing would need a placement group, which the job does not make):
+fractional sharing is a layout for nodes of one GPU. Actors are placed in the order the
+job starts them (replicas, then trainer workers, then reward actors), each on the first
+node that fits; which node Ray picks is its own choice (Serve spreads replicas, Ray
+Train packs its workers), so across nodes this is one possible placement, checked GPU by
+GPU. Passing here is necessary, not sufficient: other jobs' actors may hold what this
+plan counts on, which is what the placement deadline (`run.placement_timeout_s`) is for.
+
+A placement Ray would make can still not start, and `sharing_error` refuses it by rule:
+two trainer workers on one GPU (NCCL), and engines whose memory shares leave less than
+the margin of a GPU they share (each engine's start-up measures what is free).
 """
 
 from __future__ import annotations
@@ -108,11 +119,11 @@ class _Free:
             if len(whole) < d.gpus:
                 return None
             got = tuple(whole)
-        elif d.gpus > 0:
-            part = next((i for i, f in enumerate(self.gpus) if f + eps >= d.gpus), None)
-            if part is None:
+        elif d.gpus > 0:  # best fit: least left over, lowest index of equals
+            fit = [(f - d.gpus, i) for i, f in enumerate(self.gpus) if f + eps >= d.gpus]
+            if not fit:
                 return None
-            got = (part,)
+            got = (min(fit, key=lambda x: (round(x[0], 9), x[1]))[1],)
         else:
             got = ()
         self.cpus -= d.cpus
@@ -182,6 +193,60 @@ def engine_fraction(cfg) -> float:
     return float(cfg.rollout.engine_kwargs.get(key, default)) if key else 0.0
 
 
+# Why engines sharing a GPU must leave the margin free between their shares: each
+# measures the device when it starts, and the others already hold (or, started at the
+# same moment, are about to take) their own share of it.
+START_RULE = {
+    "vllm": "vLLM needs gpu_memory_utilization x the GPU's total memory free when it starts "
+            "(vllm/v1/worker/utils.py, request_memory: 'Free memory on device ... on startup is "
+            "less than desired GPU memory utilization'), while every other engine holds its "
+            "share",
+    "sglang": "sglang sizes its static memory (weights and KV pool) as mem_fraction_static x "
+              "the memory it finds free when it starts (sglang/srt/mem_cache/"
+              "kv_cache_configurator.py, _profile_available_bytes): engines starting together "
+              "each find the whole GPU free and take that share of all of it",
+}
+
+
+def sharing_error(cfg, p: Placement) -> str | None:
+    """Why a placement Ray would make cannot start, by rule; None when it can.
+    - NCCL ranks per GPU: torch.distributed's NCCL backend refuses two ranks of a group
+      on one device ("Duplicate GPU detected"), so a GPU holds at most one trainer worker.
+    - Engine shares per GPU: on a GPU shared by several actors, the engines' memory
+      fractions (gpu_memory_utilization / mem_fraction_static) and MARGIN must fit in 1
+      (START_RULE). A GPU an engine has alone is its own business."""
+    frac, backend = engine_fraction(cfg), cfg.rollout.backend
+    problems = []
+    for (node, idx), slots in sorted(p.sharing().items()):
+        trainers = [s.index for s in slots if s.role == TRAINER]
+        engines = [s.index for s in slots if s.role == REPLICA]
+        if len(trainers) > 1:
+            problems.append(
+                f"NCCL ranks per GPU: {node} GPU {idx} holds trainer workers "
+                f"{', '.join(map(str, trainers))}, and NCCL refuses two ranks on one GPU "
+                "('Duplicate GPU detected'): one trainer worker per GPU")
+        if len(slots) > 1 and engines and frac and len(engines) * frac + MARGIN > 1 + 1e-9:
+            who = ", ".join(f"{s.role} {s.index}" for s in slots)
+            problems.append(
+                f"engine shares per GPU: {node} GPU {idx} holds {who}; its engines take "
+                f"{len(engines)} x {frac:g} of its memory, over 1 with the {MARGIN:g} kept "
+                f"free ({START_RULE[backend]})")
+    if not problems:
+        return None
+    key, _ = DEFAULT_FRACTION.get(backend, ("", 0.0))
+    fractional = any(0 < s.share < 1 for s in p.slots)
+    hint = ["larger shares, so that fewer actors share a GPU (rollout.num_gpus, "
+            "train.num_gpus_per_worker; Ray puts each fraction on the fullest GPU it fits)"]
+    if key:
+        hint.append(f"a smaller rollout.engine_kwargs.{key}")
+    if fractional and any(n.gpus > 1 for n in p.nodes):
+        hint.append("whole GPUs on nodes with several GPUs (fractional sharing is for one GPU "
+                    "per node: pairing one replica with one trainer worker per GPU would take "
+                    "a placement group)")
+    return ("this run's placement cannot start: " + "; ".join(problems) + ". Change: "
+            + "; or ".join(hint) + ". `python -m jobs.plan` checks a layout.")
+
+
 def engine_gib(cfg, shape: DecoderShape, gpu_gib: float) -> dict[str, float]:
     """GiB one engine holds on its GPU while it generates (`awake`) and while released
     for a trainer step (`asleep`; rollout.release_memory)."""
@@ -225,15 +290,16 @@ def gpu_phases(roles: list[str], engine: dict, trainer: dict, release: bool) -> 
 
 def memory_plan(cfg, shape: DecoderShape, p: Placement, gpu_gib: float) -> dict:
     """Per GPU in use: who is on it, GiB per phase, and whether each phase fits
-    `gpu_gib` less MARGIN. A GPU with no trainer worker is the engine's alone (its
-    fraction is its own business); a trainer worker's GPU is checked in both phases."""
+    `gpu_gib` less MARGIN. A GPU of one engine alone is its own business (its fraction
+    is what it may take); a GPU with a trainer worker or several engines is checked in
+    both phases."""
     engine, trainer = engine_gib(cfg, shape, gpu_gib), trainer_gib(cfg, shape)
     budget = gpu_gib * (1 - MARGIN)
     gpus = []
     for (node, idx), slots in sorted(p.sharing().items()):
         roles = [s.role for s in slots]
         phases = gpu_phases(roles, engine, trainer, cfg.rollout.release_memory)
-        checked = TRAINER in roles
+        checked = TRAINER in roles or roles.count(REPLICA) > 1
         gpus.append({"node": node, "gpu": idx, "on": [f"{s.role} {s.index}" for s in slots],
                      "gib": phases, "fits": not checked or max(phases.values()) <= budget})
     return {"gpu_gib": gpu_gib, "budget_gib": round(budget, 2), "engine_gib": engine,

@@ -46,7 +46,7 @@ from areal_ray.driver.publication import Publication
 from areal_ray.driver.release import MemoryRelease
 from areal_ray.observe.metrics import DriverMetrics
 from areal_ray.weights.payloads import AdapterMeta, AdapterPayload, CollectivePayload
-from areal_ray.weights.probe import ProbeCheck, ProbeMismatch
+from areal_ray.weights.probe import ProbeCheck, ProbeMismatch, ProbeRule
 
 MONITOR_PERIOD_S = 2.0
 
@@ -66,10 +66,10 @@ async def _alive(handle) -> bool:
 class Driver:
     def __init__(self, eta: int, batch_groups: int, max_concurrent: int = 0,
                  push_timeout_s: float = 120.0, run_name: str = "", ordered: bool = False,
-                 held: bool = False, probe_atol: float | None = None):
-        """`held`: admit nothing until `release_admissions()`. `probe_atol`: check every
-        replica's load probe against the trainer's within this max |logprob diff|
-        (weights/probe.py); None: no probe."""
+                 held: bool = False, probe: ProbeRule | None = None):
+        """`held`: admit nothing until `release_admissions()`. `probe`: the rule every
+        replica's load probe is judged by against the trainer's (weights/probe.py);
+        None: no probe."""
         self.admission = Admission(StalenessGate(eta, batch_groups, max_concurrent or None),
                                    ordered=ordered, held=held)
         self.publication = Publication()
@@ -78,7 +78,7 @@ class Driver:
         self.events = EventLog()
         self.metrics = DriverMetrics(run_name)
         self.push_timeout_s = push_timeout_s
-        self.probe = ProbeCheck(probe_atol) if probe_atol is not None else None
+        self.probe = ProbeCheck(probe) if probe is not None else None
         self._probe_failed: dict[int, str] = {}  # serial -> the first replica's mismatch
         self._stop_requested = False  # the job was interrupted (Ctrl-C): stop at a step's end
         self._cond: asyncio.Condition | None = None  # made on the actor's event loop
@@ -190,11 +190,15 @@ class Driver:
         return self.publication.latest.version
 
     # ------------------------------------------------------------ publication
-    async def register_replica(self, replica_id: str, node_id: str = "", handle=None) -> tuple:
+    async def register_replica(self, replica_id: str, node_id: str = "", handle=None,
+                               probe: tuple[list[int], list[float]] | None = None) -> tuple:
         """A new replica gets the latest publication (serial, version, payload). With
         its actor `handle` the monitor notices when it dies, so no push waits
-        `push_timeout_s` for a replica that is gone."""
+        `push_timeout_s` for a replica that is gone. `probe`: its probe of the model on
+        disk, which the load probe's moved rule measures its gap from (weights/probe.py)."""
         async with self.cond:
+            if self.probe is not None:
+                self.probe.register(replica_id, probe)
             latest = self.publication.register(replica_id, node_id)
             self.release.join(replica_id)
             if handle is not None:
@@ -206,6 +210,8 @@ class Driver:
         async with self.cond:
             self.publication.unregister(replica_id)
             self.fleet.forget_replica(replica_id)
+            if self.probe is not None:
+                self.probe.forget(replica_id)
             self.release.forget(replica_id)
             self.cond.notify_all()
 
@@ -232,6 +238,12 @@ class Driver:
                     self._probe_failed.setdefault(serial, str(e))
             self.publication.ack(replica_id, serial, load_s)
             self.cond.notify_all()
+
+    async def probe_baseline(self, ids: list[int], logprobs: list[float]) -> None:
+        """Trainer rank 0, at the start of a fresh run: its probe of the model on disk,
+        which every replica also serves then (weights/probe.py: the moved rule's anchor)."""
+        if self.probe is not None:
+            self.probe.baseline(ids, logprobs)
 
     async def expect_probe(self, version: int, ids: list[int], logprobs: list[float]) -> None:
         """Trainer rank 0, before it publishes `version`: the probe logprobs every replica
@@ -320,18 +332,53 @@ class Driver:
     # ------------------------------------------------------------ memory release
     async def release_replicas(self, timeout_s: float) -> dict:
         """Trainer: every replica frees its engine's GPU memory before the step
-        (release.py); the replicas that did not within `timeout_s` are listed."""
+        (release.py). Returns the replicas still pending after `timeout_s`, by what they
+        are doing, for `release.unreleased` to fail the step; one found dead by then is
+        dropped instead, as the monitor would a moment later."""
         t0 = time.perf_counter()
         async with self.cond:
             self.release.open_round()
             self.cond.notify_all()
             try:
-                await asyncio.wait_for(self.cond.wait_for(
-                    lambda: not self.release.pending(self.publication.loaded)), timeout_s)
+                await asyncio.wait_for(self.cond.wait_for(lambda: not self.release.pending()),
+                                       timeout_s)
             except TimeoutError:
                 pass
+            pending = self.release.pending()
+        for replica_id in pending:
+            handle = self.fleet.replicas.get(replica_id)
+            if handle is not None and not await _alive(handle):
+                await self.unregister_replica(replica_id)
+        async with self.cond:
+            serial = self.publication.latest.serial
+            served = [r for r, s in self.publication.loaded.items() if s >= serial]
             return {"release_s": time.perf_counter() - t0,
-                    "release_pending": self.release.pending(self.publication.loaded)}
+                    "release_pending": self.release.states(self.release.pending(), served)}
+
+    def release_open(self) -> bool:
+        """Whether a release round is open: a step under way, or one whose trainer failed,
+        which leaves the replicas without memory until a publication (a restarted trainer
+        makes one)."""
+        return self.release.open
+
+    async def replica_starting(self, replica_id: str, handle=None) -> str | None:
+        """A replica about to build its engine, with `rollout.release_memory`: returns
+        once no trainer step is under way (at most `release.start_wait_s`), after which
+        every round waits for it; with its actor `handle` the monitor drops it if it
+        dies first. Returns a warning when the wait ran out."""
+        async with self.cond:
+            bound = self.release.start_wait_s(self.push_timeout_s)
+            try:
+                await asyncio.wait_for(self.cond.wait_for(self.release.may_start), bound)
+                late = None
+            except TimeoutError:
+                late = (f"release round {self.release.epoch} is still open after {bound:g} s: "
+                        f"the engine sizes its memory beside a trainer step")
+            self.release.start(replica_id)
+            if handle is not None:
+                self.fleet.watch_replica(replica_id, handle)
+            self._start_monitor()
+            return late
 
     async def wait_for_release(self, replica_id: str, seen: int, timeout_s: float = 30.0):
         """Replica long poll: the epoch of a release round newer than `seen`, or None."""

@@ -13,6 +13,7 @@ the cluster is touched, so bad input fails in seconds with a message naming it.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import threading
@@ -26,13 +27,14 @@ from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from transformers import AutoModelForCausalLM
 
-from areal_ray.cluster.attention import check_attention
+from areal_ray.cluster.attention import check_attention, check_attention_on_nodes
 from areal_ray.cluster.cleanup import sweep
 from areal_ray.cluster.ownership import Owned, new_tag
 from areal_ray.cluster.placement import (
     PlacementError,
     bound_train_start,
     check_placement,
+    check_run_dir,
     delete_app,
     deploy_app,
     train_start_problem,
@@ -70,7 +72,7 @@ from areal_ray.train.entry import train_loop_per_worker
 from areal_ray.train.torch_group import TorchGroupConfig
 from areal_ray.weights.encoding import NCCL_ENV, state_from
 from areal_ray.weights.group import free_port
-from areal_ray.weights.probe import run_probe_atol
+from areal_ray.weights.probe import run_probe_rule
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
@@ -299,8 +301,11 @@ def run_training(cfg: Config) -> dict:
                  "`python -m jobs.cleanup` retries it"]
     for line in lines:
         print(f"[areal-ray] clean-up: {line}", flush=True)
+    # each GPU node's own packages and kernel cache, where Train workers may land
+    check_attention_on_nodes(cfg.model.attn_implementation, cfg.train.use_gpu)
     if cfg.run.check_placement:  # before anything is deployed
         check_placement(cfg, model_shape(model_path) if cfg.train.gpu_memory_gib > 0 else None)
+    check_run_dir(cfg, str(run_dir))  # Ray Train's storage: shared when the run spans nodes
     tracker = RunTracker(cfg, run_dir, resume=resume)
     print(f"[areal-ray] run dir {run_dir}  mlflow run {tracker.run_id}", flush=True)
     owned = Owned(new_tag())  # everything this job creates that could outlive it is named from it
@@ -313,7 +318,7 @@ def run_training(cfg: Config) -> dict:
     driver = Driver.options(name=driver_name).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
         cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic,
-        held=why_sequential is None and eval_before, probe_atol=run_probe_atol(cfg))
+        held=why_sequential is None and eval_before, probe=run_probe_rule(cfg))
     tokenizer = load_tokenizer(model_path)
     fit = None
     try:
@@ -472,8 +477,14 @@ def driver_lost(driver_name: str, cfg: Config, run_dir: Path) -> str:
 
 
 def check_lora_targets(cfg: Config, model_path: str) -> None:
-    """model.lora's targets against the model's config (no weights read), before Ray."""
+    """model.lora's targets against the model's config (no weights read), before Ray.
+    peft must be installed too: without it every Train worker fails on `import peft`,
+    and only after the rollout app has started and the pre-training eval has run."""
     if cfg.model.lora.enabled:
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError("model.lora.enabled needs the peft package, which is not installed in "
+                              "this environment: pip install peft==0.21.2 (requirements*.txt pin it), "
+                              "or set model.lora.enabled=false")
         from areal_ray.train.lora import check_model_targets
         try:
             check_model_targets(model_path, list(cfg.model.lora.target_modules))

@@ -37,6 +37,7 @@ from areal_ray.algo.advantages import advantages, informative_groups, shape_rewa
 from areal_ray.algo.finite import name, nonfinite
 from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import AlgoConfig, Config
+from areal_ray.driver.release import unreleased
 from areal_ray.reward.pool import reason_kind
 from areal_ray.rollout.workflows.base import EpisodeConfig
 from areal_ray.train.batch_record import BatchRecorder, RecordedBatches
@@ -112,10 +113,20 @@ def release_replicas(driver, cfg: Config) -> dict:
     if not cfg.rollout.release_memory:
         return {}
     got = ray.get(driver.release_replicas.remote(cfg.run.push_timeout_s))
-    if got["release_pending"]:
-        print(f"[areal-ray] replicas {got['release_pending']} did not free their GPU memory "
-              f"within {cfg.run.push_timeout_s:g} s; stepping anyway", flush=True)
-    return {"release_s": got["release_s"], "release_pending": len(got["release_pending"])}
+    error = unreleased(got["release_pending"], cfg.run.push_timeout_s)
+    if error is not None:  # a replica still holds its memory: the step would OOM beside it
+        raise error
+    return {"release_s": got["release_s"], "release_pending": 0}
+
+
+def must_publish(driver, cfg: Config, start: int) -> bool:
+    """Whether this trainer start publishes its weights: when the replicas serve another
+    version (a rollback, or fresh replicas of a resumed run), and when a trainer failed
+    inside a release round, since the replicas get their memory back only at a
+    publication (release.py)."""
+    if ray.get(driver.version.remote()) != start:
+        return True
+    return cfg.rollout.release_memory and ray.get(driver.release_open.remote())
 
 
 def give_back_memory() -> None:
@@ -181,7 +192,9 @@ def train_loop_per_worker(config: dict) -> None:
 
     # Replicas must serve exactly this run's version-`start` weights before any group
     # is admitted (a rollback after a failure, or a resumed run on fresh replicas).
-    publish = ray.get(driver.version.remote()) != start
+    publish = must_publish(driver, cfg, start)
+    if start == 0 and not ckpt_dir and not publish:  # both sides hold the model on disk
+        pusher.baseline(m.policy)
     weights = pusher.gather(m.policy) if publish else None
     if rank == 0:
         ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,

@@ -44,6 +44,16 @@ class WeightPusher:
         nodes = ray.get(self.driver.replica_nodes.remote())
         return "shm" if nodes <= {self.node_id} else "collective"
 
+    def baseline(self, model) -> None:
+        """All ranks, at the start of a fresh run (the replicas serve the model on disk,
+        as the trainer holds it): the probe there, where engine and trainer hold the same
+        weights (weights/probe.py: the moved rule measures each replica's gap from it)."""
+        if not self.probe:
+            return
+        ids, logprobs = model_probe(model)  # every rank: the forward gathers the shards
+        if self.rank == 0:
+            ray.get(self.driver.probe_baseline.remote(ids, logprobs))
+
     def push(self, model, version: int) -> tuple[dict, dict]:
         """All ranks: returns (full weights on rank 0 / {} elsewhere, stats on rank 0).
         Every rank must run the same gather, so rank 0's choice of path is broadcast."""

@@ -16,6 +16,10 @@ filled once), the collective one its group of the current epoch.
 The collective receiver can also hand the broadcast over bucket by bucket (`stream`),
 for an engine that loads each bucket as it arrives (`SGLangEngine.
 update_weights_from_buckets`): the replica then never holds the whole model on its GPU.
+For an engine that loads from host memory anyway (vLLM stages a file), `host` receivers
+copy each bucket's tensors to the host as it arrives, so again only a bucket or two is
+ever on the replica's GPU, and the cached blocks go back to the driver after the
+transfer (`free_cuda_cache`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ from areal_ray.weights.tensor_spec import plan_buckets
 
 StateDict = dict[str, torch.Tensor]
 Bucket = list[tuple[str, torch.Tensor]]
+
+
+def free_cuda_cache() -> None:
+    """Hand this process's cached CUDA blocks back to the driver. A replica uses CUDA
+    only for received weights (and casts of them); torch's caching allocator would keep
+    those blocks reserved after a swap, outside the engine's share of the GPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 class ObjectStoreReceiver:
@@ -73,8 +85,9 @@ class CollectiveReceiver:
     changed. A failed transfer raises and drops the group: the trainer publishes the
     same version through the object store next, which the replica then loads."""
 
-    def __init__(self, replica_id: str, timeout_s: float, backend: str):
+    def __init__(self, replica_id: str, timeout_s: float, backend: str, host: bool = False):
         self.replica_id, self.timeout_s, self.backend = replica_id, timeout_s, backend
+        self.host = host  # `receive` copies each tensor to the host as its bucket arrives
         self._group: WeightGroup | None = None
         self._store_key: tuple[str, int] | None = None
         self._store = None
@@ -86,10 +99,16 @@ class CollectiveReceiver:
     def _receive(self, payload: CollectivePayload) -> StateDict:
         try:
             group = self._group_for(payload)
-            return dict(group.recv(payload.specs, payload.bucket_bytes))
+            tensors = group.recv(payload.specs, payload.bucket_bytes)
+            if not self.host:
+                return dict(tensors)
+            # Each tensor in its own host memory: no bucket buffer outlives its copy.
+            out = {name: t.to("cpu", copy=True) for name, t in tensors}
         except Exception:
             self._group = None
             raise
+        free_cuda_cache()
+        return out
 
     async def stream(self, payload: CollectivePayload) -> AsyncIterator[Bucket]:
         """The broadcast one bucket at a time: (name, tensor) views into the bucket, valid
@@ -158,7 +177,7 @@ class AdapterReceiver:
         return adapter
 
 
-# Each payload type's receiver, built from the replica's (id, timeout_s, backend).
+# Each payload type's receiver, built from the replica's (id, timeout_s, backend, host).
 _RECEIVERS = {
     ObjectStorePayload: lambda *_: ObjectStoreReceiver(),
     DiskPayload: lambda *_: DiskReceiver(),
@@ -168,10 +187,13 @@ _RECEIVERS = {
 
 
 class WeightReceiver:
-    """One replica's receivers, one per path, each made when its first payload comes."""
+    """One replica's receivers, one per path, each made when its first payload comes.
+    `host`: a whole received model goes to host memory (the engine's `loads_from_host`)."""
 
-    def __init__(self, replica_id: str, timeout_s: float = 60.0, backend: str = "gloo"):
+    def __init__(self, replica_id: str, timeout_s: float = 60.0, backend: str = "gloo",
+                 host: bool = False):
         self.replica_id, self.timeout_s, self.backend = replica_id, timeout_s, backend
+        self.host = host
         self._receivers: dict[type, object] = {}
 
     def receiver_for(self, payload: WeightPayload):
@@ -186,7 +208,7 @@ class WeightReceiver:
                                 f"{AdapterPayload.__name__} around one")
             else:
                 self._receivers[kind] = _RECEIVERS[kind](self.replica_id, self.timeout_s,
-                                                         self.backend)
+                                                         self.backend, self.host)
         return self._receivers[kind]
 
     async def receive(self, payload: WeightPayload) -> StateDict | Adapter:

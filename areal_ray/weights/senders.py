@@ -74,7 +74,8 @@ def push_stats(path: str, nbytes: int, transfer_s: float, push: dict) -> dict:
     return {"push_path": path, "push_bytes": nbytes, "push_transfer_s": transfer_s,
             "push_load_s": push["load_s"], "replicas": push["replicas"],
             "push_dropped": len(push["dropped"]),
-            **{k: push[k] for k in ("probe_max_diff", "probe_signal") if k in push}}
+            **{k: push[k] for k in ("probe_max_diff", "probe_signal", "probe_moved", "probe_unseen")
+               if k in push}}
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,26 @@ def staging_dir(nbytes: int) -> Path:
     return disk
 
 
+def shm_has_room(nbytes: int) -> bool:
+    """Whether shared memory has room for `nbytes` more (plus `SHM_MARGIN`); nothing
+    to share always fits."""
+    return nbytes <= 0 or free_bytes(shm_dir()) >= nbytes + SHM_MARGIN
+
+
+def check_shm_room(nbytes: int, what: str) -> None:
+    """Raise a clear OSError (ENOSPC) unless shared memory has room for `nbytes`, for
+    what has no disk fallback: torch's sharing of a CPU tensor with another process
+    (its file-descriptor strategy) always puts the storage into /dev/shm."""
+    if shm_has_room(nbytes):
+        return
+    shm = shm_dir()
+    raise OSError(28, f"{what} needs {_gib(nbytes)} of shared memory in {shm} (torch shares "
+                      f"CPU tensors between processes there), which has "
+                      f"{_gib(free_bytes(shm))} free and keeps {_gib(SHM_MARGIN)} spare: give "
+                      "the container more shared memory (Docker: `--shm-size=16g`; "
+                      "Kubernetes: a memory-backed emptyDir at /dev/shm)")
+
+
 def weight_dirs() -> list[Path]:
     """Every dir `staging_dir` may pick, each once."""
     return list(dict.fromkeys([shm_dir(), disk_dir()]))

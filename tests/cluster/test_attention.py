@@ -148,3 +148,58 @@ def test_it_imports_neither_torch_nor_transformers():
             "print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == []
+
+
+# ---- every GPU node checks its own path (the Train workers' nodes)
+
+def ray_node(node_id, address, gpus, alive=True):
+    """A node as `ray.nodes()` lists it."""
+    return {"NodeID": node_id, "NodeManagerAddress": address, "Alive": alive,
+            "Resources": {"CPU": 8.0, **({"GPU": float(gpus)} if gpus else {})}}
+
+
+def test_only_alive_gpu_nodes_are_asked():
+    nodes = [ray_node("a" * 56, "10.0.0.1", 8), ray_node("b" * 56, "10.0.0.2", 0),
+             ray_node("c" * 56, "10.0.0.3", 8, alive=False), ray_node("d" * 56, "10.0.0.4", 1)]
+    assert attention.gpu_nodes(nodes) == {"a" * 56: "10.0.0.1 (aaaaaaaaaaaa)",
+                                          "d" * 56: "10.0.0.4 (dddddddddddd)"}
+
+
+def test_each_node_answers_from_its_own_environment(have, tmp_path):
+    """The same pure check per node: one node's cache holds the kernel, the other's not."""
+    have(kernels="0.17.2")
+    cache_kernel(tmp_path / "filled")
+    (tmp_path / "empty").mkdir()
+    answers = {node: attention.node_answer("flash_attention_2", True, {
+        "HF_HUB_OFFLINE": "1", "KERNELS_CACHE": str(tmp_path / cache)})
+        for node, cache in (("10.0.0.1 (aaaa)", "filled"), ("10.0.0.2 (bbbb)", "empty"))}
+    assert answers["10.0.0.1 (aaaa)"][0] and not answers["10.0.0.2 (bbbb)"][0]
+    with pytest.raises(ConfigError) as e:
+        attention.nodes_verdict(answers)
+    msg = str(e.value)
+    assert msg.startswith("the trainer's flash attention would not load on 1 of 2 GPU node(s)")
+    assert "node 10.0.0.2 (bbbb): model.attn_implementation=flash_attention_2" in msg
+    assert "hf download kernels-community/flash-attn2" in msg and "10.0.0.1" not in msg
+
+
+def test_nodes_that_all_load_are_listed():
+    answers = {"n2": (True, "flash_attention_2: flash-attn 2.8.3"), "n1": (True, "sdpa")}
+    assert attention.nodes_verdict(answers) == ["n1: sdpa", "n2: flash_attention_2: flash-attn 2.8.3"]
+
+
+@pytest.mark.parametrize("impl,use_gpu", [("sdpa", True), ("flash_attention_2", False)])
+def test_no_flash_kernel_runs_nothing_on_the_cluster(impl, use_gpu):
+    """CPU runs and non-flash attention ask no node: not even Ray is needed."""
+    assert attention.check_attention_on_nodes(impl, use_gpu, nodes=[ray_node("a" * 56, "x", 8)]) == []
+
+
+def test_a_node_without_a_flash_path_fails_by_its_address(ray_cluster):
+    """A real task pinned to this cluster's node (listed as a GPU node): this CPU venv has
+    neither flash-attn nor kernels there, and the error names the node."""
+    import ray
+    node = next(n for n in ray.nodes() if n["Alive"])
+    fake = {**node, "Resources": {**node["Resources"], "GPU": 1.0}}
+    with pytest.raises(ConfigError) as e:
+        attention.check_attention_on_nodes("flash_attention_2", True, nodes=[fake])
+    assert f"node {node['NodeManagerAddress']} ({node['NodeID'][:12]}): model.attn_implementation" \
+        f"=flash_attention_2 needs flash-attn or kernels" in str(e.value)

@@ -14,11 +14,15 @@ import pytest
 
 from areal_ray.cluster.attention import in_kernels_range
 
+# peft (model.lora's adapter, in the trainer) comes with neither engine.
+LORA = {"peft": "0.21.2", "accelerate": "1.15.0"}
 EXPECTED = {
     "requirements-gpu.txt": {"sglang": "0.5.23", "torch": "2.14.1", "transformers": "5.19.0",
-                             "ray": "2.60.0"},
+                             "ray": "2.60.0"} | LORA,
     "requirements-gpu-vllm.txt": {"vllm": "0.32.0", "torch": "2.13.0", "transformers": "5.19.0",
-                                  "ray": "2.60.0", "kernels": "0.17.2"},
+                                  "ray": "2.60.0", "kernels": "0.17.2"} | LORA,
+    # our HF engine on the machine's own torch (any version pip finds here)
+    "requirements-gpu-hf.txt": {"transformers": "5.19.0", "ray": "2.60.0", "kernels": "0.17.2"} | LORA,
 }
 # What `make gpu-venv` installs after a file, in its own pip call (it overrides a pin).
 LAYERS = {"requirements-gpu.txt": "requirements-gpu-kernels.txt"}

@@ -442,3 +442,65 @@ def test_each_load_is_a_new_cache_key_and_an_unload_waits_for_its_requests():
         return waited
 
     assert asyncio.run(scenario())
+
+
+def test_the_serializer_moves_cpu_tensors_into_shared_memory_as_our_room_check_counts():
+    """R3-C5: sglang's serializer shares each CPU tensor through torch's shared memory
+    (/dev/shm), which is what `shared_bytes` counts and `tensor_update_request` checks
+    room for; a CUDA tensor would go by CUDA IPC instead."""
+    copies = se.named_tensors({"w": torch.ones(8)}, torch.bfloat16)
+    assert not copies[0][1].is_shared()
+    MultiprocessingSerializer.serialize(copies)
+    assert copies[0][1].is_shared()
+    assert se.shared_bytes(copies) == 16
+
+
+def test_release_with_lora_keeps_sglangs_cpu_copy_of_the_weights():
+    """R3-W1: `from_options` asks for enable_weights_cpu_backup with release_memory and
+    LoRA; it is a server arg, and sglang's model loader hands it to the memory saver's
+    weights region, which then restores the weights at resume."""
+    from sglang.srt.model_executor.model_runner_components import load_model_utils
+    args = {f.name: f for f in record_fields(ServerArgs)}
+    assert args["enable_weights_cpu_backup"].default is False
+    src = inspect.getsource(load_model_utils)
+    assert "features.enable_weights_cpu_backup" in src
+    assert "region(\n        GPU_MEMORY_TYPE_WEIGHTS,\n        enable_cpu_backup=enable_cpu_backup," in src
+
+
+def test_sglang_spawns_its_scheduler_with_the_memory_savers_preload_from_our_environment():
+    """R3-C2: the scheduler is a spawned process started inside the memory saver's
+    `configure_subprocess` (LD_PRELOAD of its hook), so it inherits this process's
+    environment at start: the LD_LIBRARY_PATH the engine sets before building sgl.Engine
+    reaches the loader there."""
+    from sglang.srt.entrypoints import engine as engine_module
+    src = inspect.getsource(engine_module)
+    assert 'mp.set_start_method("spawn", force=True)' in src
+    assert "memory_saver_adapter.configure_subprocess()" in src
+    start = src.index("memory_saver_adapter.configure_subprocess()")
+    assert "proc.start()" in src[start:start + 300]
+
+
+# ----------------------------------------------------------------- the load probe
+def test_the_probe_request_is_one_sglang_accepts_and_its_prompt_logprobs_parse():
+    """weights/probe.py on sglang: `score` asks `async_generate` for the prompt's
+    logprobs from position 0 at temperature 1. sglang's scheduler prefixes them with
+    None for the first token and keeps one id per prompt token (its logprob processor),
+    and the tokenizer manager makes them (logprob, id, text) tuples: parsed here from
+    sglang's own functions."""
+    params = inspect.signature(Engine.async_generate).parameters
+    assert {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+            "lora_path"} <= set(params)
+    sp = SamplingParams(**se.PROBE_PARAMS)
+    sp.verify(vocab_size=1000)
+    assert (sp.temperature, sp.top_p, sp.max_new_tokens) == (1.0, 1.0, 1)
+    assert sp.top_k >= 1000  # -1: sglang's "the whole vocabulary"
+    from sglang.srt.managers.scheduler_components import logprob_result_processor as lp
+    assert "[None] + input_token_logprobs[:-1]" in inspect.getsource(lp)
+    assert "origin_input_ids[req.logprob_start_len :]" in inspect.getsource(lp)
+    ids, lps = [3, 7922, 15841], [-11.5, -9.25]
+    tm = object.__new__(TokenizerManager)
+    entries = tm.detokenize_logprob_tokens([None, *lps], ids, False)
+    out = {"meta_info": {"input_token_logprobs": entries}}
+    assert se.parse_prompt_logprobs(out, ids) == lps
+    with pytest.raises(ValueError, match="2 prompt logprobs that do not match the 3-token probe"):
+        se.parse_prompt_logprobs({"meta_info": {"input_token_logprobs": entries[1:]}}, ids)

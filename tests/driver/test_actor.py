@@ -179,8 +179,8 @@ def test_a_push_whose_load_probe_disagrees_with_the_trainers_fails_naming_the_re
     carrying its own; a replica still computing with the previous version fails the push."""
     import pytest
 
-    from areal_ray.weights.probe import ProbeMismatch
-    d = Driver.remote(eta=1, batch_groups=1, push_timeout_s=10.0, probe_atol=1e-5)
+    from areal_ray.weights.probe import ProbeMismatch, ProbeRule
+    d = Driver.remote(eta=1, batch_groups=1, push_timeout_s=10.0, probe=ProbeRule(atol=1e-5))
     ray.get(d.register_replica.remote("a"))
     ray.get(d.ack.remote("a", 0))  # the model on disk: nothing expected, nothing checked
     ids, v1, v2 = [3, 4, 5], [-1.0, -2.0], [-1.0, -2.5]

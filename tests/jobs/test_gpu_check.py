@@ -1,6 +1,7 @@
 """jobs/gpu_check on CPU: every piece runs (the train step on a small random model with
 its saved bytes against the memory model, a gloo weight push with an absent receiver,
-the HF engine's generate/abort/update/logprob parity) and the report says PASS."""
+the HF engine's generate/abort/release/update/logprob parity and load probe) and the
+report says PASS."""
 
 import json
 
@@ -26,7 +27,11 @@ def test_gpu_check_cpu_pieces_pass(random_model_dir, embedded_model, tmp_path):
     assert "not ready" in pieces["weight_push"]["absent_receiver"]["0"]["message"]
     assert [r["served_versions"] for r in pieces["loop"]["rounds"]] == [[0], [1]]
     assert all(r["microbatches"] >= 1 for r in pieces["loop"]["rounds"])
-    assert pieces["engine"]["aborted"] == "abort" and pieces["engine"]["logprob_max_abs_diff"] <= 1e-3
+    engine = pieces["engine"]
+    assert engine["aborted"] == "abort" and engine["logprob_max_abs_diff"] <= 1e-3
+    # the run config's release round ran, and the load probe judged the push from v0
+    assert engine["released"] is True and engine["probe_rule"] == "exact"
+    assert engine["probe_gap_v0"] == 0.0 and engine["probe_max_diff"] <= 1e-5
 
 
 def test_gpu_check_refuses_unknown_pieces(capsys):

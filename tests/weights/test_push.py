@@ -177,29 +177,33 @@ def test_a_dead_replica_is_dropped_and_a_restarted_one_catches_up(two_replicas, 
 
 def test_the_load_probe_passes_real_pushes_and_fails_one_that_changed_nothing(
         ray_cluster, embedded_model, tmp_path):
-    """weights/probe.py end to end: a real replica (Serve app, hf engine) scores the probe
-    after each load and acks it to a real driver. Pushes through the trainer's pusher
-    match bit for bit; a publication that carries the previous weights while the trainer
-    expects new ones (the replica loads, acks, and still computes the old version) fails
-    the push naming the replica and the version."""
+    """weights/probe.py end to end, under the moved rule (the rule of bf16 runs): a real
+    replica (Serve app, hf engine) scores the model on disk as it registers and the probe
+    after each load, and acks it to a real driver; the trainer's pusher gives the
+    driver its probe of the same model on disk. A push through the pusher is followed
+    all the way (bit for bit here); a publication that carries the previous weights
+    while the trainer expects new ones (the replica loads, acks, and still computes the
+    old version) fails the push naming the replica, the version and the share followed."""
     from areal_ray.train.probe import model_probe
-    from areal_ray.weights.probe import ProbeMismatch
-    driver, handle, app = start_app(embedded_model, 1, "probe", (), probe_atol=1e-5)
+    from areal_ray.weights.probe import ProbeMismatch, ProbeRule
+    driver, handle, app = start_app(embedded_model, 1, "probe", (), probe=ProbeRule())
     try:
         replica_digests(handle, 1)  # registered and serving
         model = AutoModelForCausalLM.from_pretrained(embedded_model)
         weights = str(tmp_path / "weights")
         pusher = WeightPusher(WeightsConfig(path="object_store"), driver, 0, weights, probe=True)
+        pusher.baseline(model)  # the model on disk, as the replica registered with it
         perturb(model, 1)
         _, stats = pusher.push(model, 1)
         assert stats["probe_max_diff"] == 0.0 and stats["probe_trainer_s"] > 0
+        assert stats["probe_moved"] == pytest.approx(1.0) and stats["probe_unseen"] == 0
         stale = {k: v.clone() for k, v in model.state_dict().items()}
         perturb(model, 2)
         ray.get(driver.expect_probe.remote(2, *model_probe(model)))  # the trainer's v2 ...
         silent = WeightPusher(WeightsConfig(path="object_store"), driver, 0, weights)
         model.load_state_dict(stale)  # ... but the publication carries v1's weights
-        with pytest.raises(ProbeMismatch, match=r"replica .* does not serve v2: its probe "
-                                                r"logprobs differ .* one step moved them"):
+        with pytest.raises(ProbeMismatch, match=r"replica .* does not serve v2: since v1 the "
+                                                r"trainer's probe .* the replica's followed 0%"):
             silent.push(model, 2)
     finally:
         stop_app(driver, app)

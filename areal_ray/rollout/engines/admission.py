@@ -142,7 +142,7 @@ class AdmissionGate:
             try:
                 await load()
             except BaseException as e:
-                self.failed = f"loading v{version} failed: {type(e).__name__}: {e}"[:500]
+                self.fail(f"loading v{version}", e)
                 raise
             self.failed = None
             self.version = version
@@ -150,6 +150,12 @@ class AdmissionGate:
                 self.resume()
             return {"pause_s": t_paused - t0, "load_s": time.perf_counter() - t_paused,
                     "version": version}
+
+    def fail(self, what: str, error: BaseException) -> None:
+        """Record that `what` failed, as a failed swap does for its load: also for an
+        engine left closed by an error outside a swap (weights undefined, memory in an
+        unknown state), so the health check reports it and Serve replaces the replica."""
+        self.failed = f"{what} failed: {type(error).__name__}: {error}"[:500]
 
     def busy_s(self) -> float:
         """Seconds during which at least one request of ours was inside the engine."""

@@ -116,6 +116,10 @@ class InferenceEngine(ABC):
     # Whether `update_weights_from_buckets` streams a broadcast into the engine without
     # holding a whole received copy of the model.
     streams_buckets: bool = False
+    # Whether the engine loads weights from host memory anyway (vLLM stages a file): the
+    # replica then receives a broadcast into host memory bucket by bucket rather than
+    # holding a whole model on its GPU (`WeightReceiver(host=...)`).
+    loads_from_host: bool = False
     # The load probe's ids (weights/probe.py), set by the replica when the run probes:
     # an engine whose `score` would queue behind the requests a push resubmits scores
     # them inside each swap instead, while nothing else runs (VLLMEngine).

@@ -49,7 +49,14 @@ session may be open and the next push ends it before its own begin. Tensors go t
 scheduler through sglang's MultiprocessingSerializer (torch's ForkingPickler): a CPU
 tensor is shared by moving its storage into shared memory, which fails with OSError(9)
 for a view of a file mapping (our `shm` weight path), so CPU tensors are first copied
-into fresh memory, in the serving dtype (`named_tensors`). CUDA tensors go by CUDA IPC
+into fresh memory, in the serving dtype (`named_tensors`). Sharing moves each CPU
+storage into /dev/shm (torch's file-descriptor strategy; no disk fallback), so a push
+first asks /dev/shm for room: one that does not fit whole goes in buckets of at most
+SHM_BUCKET_BYTES, serialized during the pause, and one whose bucket does not fit fails
+with an error naming /dev/shm and `--shm-size` (not ENOSPC or SIGBUS inside torch). A
+push that fails while the gate waits for a load after `resume_memory` (below) records
+the failure on the gate, so the health check fails and Serve replaces the replica
+instead of leaving it closed. CUDA tensors go by CUDA IPC
 when TP is 1; with TP > 1 every rank would open the handles on this process's GPU (a
 CUDA context there and a cross-GPU copy each), so they go as CPU copies instead and each
 rank copies to its own GPU. On the `collective` path the replica receives the buckets
@@ -74,7 +81,12 @@ context, NCCL buffers and the received buckets on the collective path). The defa
 here is MEM_FRACTION_STATIC (0.7). After each swap the engine hands this process's
 cached CUDA blocks back (`free_cuda_cache`). For a trainer sharing the GPU,
 `release_memory`/`resume_memory` free and retake sglang's weights, KV cache and CUDA
-graphs (sglang's memory saver: `enable_memory_saver=True`).
+graphs (sglang's memory saver: `enable_memory_saver=True`; its scheduler processes get
+torch's CUDA runtime directory on LD_LIBRARY_PATH, `memory_saver_library_path`). A
+release frees the weights; without sglang's CPU copy (`enable_weights_cpu_backup`) they
+come back undefined and only a full load makes them good again, so with LoRA (pushes
+are adapters only) `from_options` turns that copy on, and an adapter push onto
+undefined base weights fails.
 
 Bad requests. sglang refuses a prompt past its context but does not check token ids
 against the vocabulary (0.5.23's TokenizerManager checks only `token_ids_logprob`): an
@@ -121,10 +133,13 @@ and the memory release.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterable, Iterable, Mapping
+from pathlib import Path
 
 import torch
 
@@ -132,6 +147,8 @@ from areal_ray.rollout.engines.adapters import PAUSED_PUSH_SLOTS, AdapterServing
 from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
+from areal_ray.weights.receivers import free_cuda_cache
+from areal_ray.weights.staging import check_shm_room, shm_has_room
 
 try:
     import sglang as sgl
@@ -155,6 +172,10 @@ FLUSH_RETRY_S = 0.05
 
 # The share of each GPU sglang's weights and KV cache get (see "Memory" above).
 MEM_FRACTION_STATIC = 0.7
+
+# The most a push puts into /dev/shm at once when the whole push does not fit there
+# (see "Weight updates").
+SHM_BUCKET_BYTES = 512 << 20
 
 _ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
 
@@ -201,6 +222,23 @@ def parse_output(out: dict, version: int, budget: int, rid: str = "") -> Generat
                             rid, meta={"finish_reason": finish})
 
 
+# The load probe (weights/probe.py) at the trainer's temperature, one token out: only the
+# prompt's logprobs are read.
+PROBE_PARAMS = {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+
+
+def parse_prompt_logprobs(out: dict, ids: list[int]) -> list[float]:
+    """log p(ids[i] | ids[:i]) for i >= 1 from an `async_generate` output asked with
+    `return_logprob=True, logprob_start_len=0`: sglang's `input_token_logprobs` holds an
+    entry (logprob, token id, text) per prompt token, the first with no logprob."""
+    entries = out["meta_info"].get("input_token_logprobs") or []
+    if len(entries) != len(ids) or [int(e[1]) for e in entries] != list(ids) \
+            or entries[0][0] is not None or any(e[0] is None for e in entries[1:]):
+        raise ValueError(f"sglang scored {len(entries)} prompt logprobs that do not match the "
+                         f"{len(ids)}-token probe")
+    return [float(e[0]) for e in entries[1:]]
+
+
 def named_tensors(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                   dtype: torch.dtype | None = None, cpu: bool = False) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs for `update_weights_from_tensor`, from a state dict or from
@@ -221,16 +259,51 @@ def named_tensors(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torc
     return out
 
 
+def _pairs(tensors) -> Iterable[tuple[str, torch.Tensor]]:
+    return tensors.items() if isinstance(tensors, Mapping) else tensors
+
+
+def shared_bytes(tensors, dtype: torch.dtype | None = None, cpu: bool = False) -> int:
+    """Bytes the serializer moves into shared memory for `tensors` (those `named_tensors`
+    hands it as CPU tensors, in the serving dtype): what a push needs free in /dev/shm."""
+    return sum(t.numel() * (dtype or t.dtype).itemsize for _, t in _pairs(tensors)
+               if cpu or t.device.type == "cpu")
+
+
+def shm_buckets(tensors, max_bytes: int, dtype: torch.dtype | None = None,
+                cpu: bool = False) -> list[list[tuple[str, torch.Tensor]]]:
+    """Consecutive (name, tensor) buckets of at most `max_bytes` of shared memory each
+    (a larger tensor alone): a push serialized one bucket at a time."""
+    out: list[list[tuple[str, torch.Tensor]]] = []
+    size = 0
+    for name, t in _pairs(tensors):
+        n = shared_bytes([(name, t)], dtype, cpu)
+        if not out or size + n > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append((name, t))
+        size += n
+    return out
+
+
 def tensor_update_request(tensors, version: int, tp_size: int,
                           dtype: torch.dtype | None = None):
     """The UpdateWeightsFromTensorReqInput that Engine.update_weights_from_tensor builds:
     one serialized payload per TP rank (each rank deserializes its own copy). The cache
-    is flushed by the engine once the scheduler is idle (see "Cache flush")."""
+    is flushed by the engine once the scheduler is idle (see "Cache flush"). Raises a
+    clear OSError, before anything is shared, when /dev/shm has no room for the CPU
+    tensors (torch would fail with ENOSPC, or the reader with SIGBUS)."""
     named = named_tensors(tensors, dtype, cpu=tp_size > 1)
+    check_shm_room(shared_bytes(named), "sending weights to sglang's scheduler")
     payloads = [MultiprocessingSerializer.serialize(named) for _ in range(tp_size)]
     return io_struct.UpdateWeightsFromTensorReqInput(
         serialized_named_tensors=payloads, load_format=None, flush_cache=False,
         weight_version=str(version))
+
+
+async def _aiter(items):
+    for item in items:
+        yield item
 
 
 def disk_update_request(path: str, version: int):
@@ -238,13 +311,51 @@ def disk_update_request(path: str, version: int):
                                                   weight_version=str(version), flush_cache=False)
 
 
-def free_cuda_cache() -> None:
-    """Hand this process's cached CUDA blocks back to the driver. The replica process
-    uses CUDA only for received weights (the collective path, casts before CUDA IPC);
-    torch's caching allocator would keep those blocks reserved after the swap, out of
-    reach of sglang's scheduler on the same GPU."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+def cudart_dir(cuda_version: str | None, maps: Iterable[str] = (),
+               path: list[str] | None = None) -> str | None:
+    """The directory of the CUDA runtime (`libcudart.so.<major>`) of `cuda_version`
+    (torch.version.cuda): the one this process mapped (lines of /proc/self/maps), else
+    the one an installed nvidia-cuda-runtime distribution on `path` (default sys.path)
+    ships. None without a CUDA version or a match."""
+    if not cuda_version:
+        return None
+    lib = f"libcudart.so.{cuda_version.split('.')[0]}"
+
+    def is_lib(name: str) -> bool:
+        return name == lib or name.startswith(lib + ".")
+    for line in maps:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and is_lib(Path(fields[5].strip()).name):
+            return str(Path(fields[5].strip()).parent)
+    for dist in importlib.metadata.distributions(path=list(path if path is not None else sys.path)):
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("nvidia-cuda-runtime"):
+            for f in dist.files or ():
+                if is_lib(f.name):
+                    return str(Path(dist.locate_file(f)).parent)
+    return None
+
+
+def memory_saver_library_path(environ: Mapping[str, str] = os.environ) -> str | None:
+    """LD_LIBRARY_PATH for sglang's scheduler processes under its memory saver: the
+    current one with torch's CUDA runtime directory first (None: nothing to add).
+
+    sglang starts each scheduler (spawn: a fresh exec) with torch_memory_saver's hook in
+    LD_PRELOAD. The hook needs `libcudart.so.<major>` and carries no run path, and in a
+    pip environment that library sits in site-packages, where the loader does not look:
+    the scheduler dies at exec (exit 127; sglang#36533, fixed in torch_memory_saver
+    after 0.0.10). The variable is read at that exec, so setting it in this process
+    before sglang spawns is enough, and it is found on the replica's own node."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.readlines()
+    except OSError:
+        maps = []
+    found = cudart_dir(torch.version.cuda, maps)
+    current = [d for d in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    if found is None or found in current:
+        return None
+    return os.pathsep.join([found, *current])
 
 
 def original_logprob_env() -> str | None:
@@ -316,6 +427,10 @@ class SGLangEngine(AdapterServing, GatedEngine):
                              "trainer needs those of the distribution sampled from. Unset it.")
         if enable_memory_saver:
             engine_kwargs["enable_memory_saver"] = True
+        if engine_kwargs.get("enable_memory_saver"):
+            library_path = memory_saver_library_path()
+            if library_path:  # kept for the replica's life: sglang's processes inherit it
+                os.environ["LD_LIBRARY_PATH"] = library_path
         engine_kwargs = {**lora_server_args(lora_rank, lora_targets, lora_slots), **engine_kwargs}
         self.engine = sgl.Engine(model_path=model_path, dtype=dtype,
                                  mem_fraction_static=mem_fraction_static,
@@ -338,6 +453,15 @@ class SGLangEngine(AdapterServing, GatedEngine):
         kwargs = dict(opts.engine_kwargs)
         if opts.release_memory:  # the memory saver is chosen when the engine is built
             kwargs.setdefault("enable_memory_saver", True)
+        if opts.release_memory and opts.lora_rank > 0:
+            # Pushes are adapters only, applied to base weights that a release frees: without
+            # sglang's CPU copy they come back from resume_memory undefined.
+            if not kwargs.setdefault("enable_weights_cpu_backup", True):
+                raise ValueError(
+                    "rollout.release_memory with model.lora on sglang needs "
+                    "enable_weights_cpu_backup (its base weights are freed at each release and "
+                    "only a CPU copy restores them): drop "
+                    "rollout.engine_kwargs.enable_weights_cpu_backup=false")
         return cls(model_path, dtype=opts.dtype, lora_rank=opts.lora_rank,
                    lora_targets=opts.lora_targets, lora_slots=opts.lora_slots,
                    owner=opts.owner, **kwargs)
@@ -380,6 +504,23 @@ class SGLangEngine(AdapterServing, GatedEngine):
         self._stats["aborted_requests"] += res.stop_reason == "abort"
         return res
 
+    async def score(self, ids: list[int]) -> list[float]:
+        """The load probe's logprobs (weights/probe.py): sglang's prompt logprobs through
+        the gate, under the version's adapter, as a generation would see the weights."""
+        async with self.gate.admitted(1, "probe") as (rid, _):
+            lora_id = self.slots.acquire()
+            try:
+                out = await self.engine.async_generate(
+                    input_ids=list(ids), sampling_params=dict(PROBE_PARAMS),
+                    return_logprob=True, logprob_start_len=0, rid=rid,
+                    lora_path=self._lora.get(lora_id))
+            except asyncio.CancelledError:
+                self._tm.abort_request(rid=rid)
+                raise
+            finally:
+                self.slots.release(lora_id)
+        return parse_prompt_logprobs(out, ids)
+
     async def _abort(self, rids: list[str]) -> None:
         # The gate is closed: everything inside sglang is ours and being drained.
         self._tm.abort_request(abort_all=True)
@@ -387,7 +528,18 @@ class SGLangEngine(AdapterServing, GatedEngine):
     # ----------------------------------------------------------------- weights
     async def update_weights(self, state_dict: dict, version: int, mode: str = "abort") -> dict:
         """Load tensors in memory (CPU or CUDA) through sglang's serializer. The copy and
-        serialization happen before the pause, off the event loop, while generation goes on."""
+        serialization happen before the pause, off the event loop, while generation goes
+        on; when /dev/shm cannot hold the whole push, bucket by bucket during the pause."""
+        return await self._failing_blind(version, self._update_from_memory(state_dict, version, mode))
+
+    async def _update_from_memory(self, state_dict: dict, version: int, mode: str) -> dict:
+        cpu = self._tp_size > 1
+        if not shm_has_room(shared_bytes(state_dict, self.torch_dtype, cpu)):
+            buckets = shm_buckets(state_dict, SHM_BUCKET_BYTES, self.torch_dtype, cpu)
+            # Refused before the pause when not even the largest bucket fits.
+            check_shm_room(max(shared_bytes(b, self.torch_dtype, cpu) for b in buckets),
+                           "sending weights to sglang's scheduler")
+            return await self.update_weights_from_buckets(_aiter(buckets), version, mode)
         obj = await asyncio.to_thread(tensor_update_request, state_dict, version,
                                       self._tp_size, self.torch_dtype)
         return await self._update_weights(version, mode, lambda: self._in_session(
@@ -409,7 +561,8 @@ class SGLangEngine(AdapterServing, GatedEngine):
                 del bucket, obj
 
         try:
-            return await self._update_weights(version, mode, lambda: self._in_session(load))
+            return await self._failing_blind(version, self._update_weights(
+                version, mode, lambda: self._in_session(load)))
         finally:  # a load that failed half way leaves a receiver's broadcast to close
             if hasattr(buckets, "aclose"):
                 await buckets.aclose()
@@ -420,7 +573,23 @@ class SGLangEngine(AdapterServing, GatedEngine):
             _check(await self._tm.update_weights_from_disk(disk_update_request(path, version), None),
                    "update_weights_from_disk")
             await self._flush_cache()
-        return await self._update_weights(version, mode, load)
+        return await self._failing_blind(version, self._update_weights(version, mode, load))
+
+    async def update_adapter(self, adapter, version: int, mode: str = "abort") -> dict:
+        return await self._failing_blind(version, super().update_adapter(adapter, version, mode))
+
+    async def _failing_blind(self, version: int, update) -> dict:
+        """Await a weight or adapter update; if it fails while the gate waits for a load
+        to reopen it (resumed without the weights), record the failure on the gate. An
+        error before the swap (copying, serializing, writing an adapter, a cancellation)
+        would otherwise leave the replica closed but healthy: nothing served and nothing
+        replaced it. A recorded failure fails the health check, so Serve replaces it."""
+        try:
+            return await update
+        except BaseException as e:
+            if self._reopen_after_load:
+                self.gate.fail(f"loading v{version}", e)
+            raise
 
     async def _update_weights(self, version: int, mode: str, load) -> dict:
         """`_update` of full weights: no adapter serves after them (adapters.py)."""
@@ -447,6 +616,10 @@ class SGLangEngine(AdapterServing, GatedEngine):
                     "unload_lora_adapter")
 
     async def _activate(self, version: int, mode: str, activate) -> dict:
+        if self._reopen_after_load:  # the base weights came back undefined (resume_memory)
+            raise RuntimeError(
+                "sglang's base weights came back from resume_memory undefined (no "
+                "enable_weights_cpu_backup): an adapter alone cannot be served on them")
         return await self._update(version, mode, activate)
 
     async def _load_tensors(self, obj) -> None:

@@ -75,6 +75,7 @@ from areal_ray.rollout.engines.admission import AdmissionGate, GatedEngine
 from areal_ray.rollout.engines.base import EngineOptions, GenerationRequest, GenerationResult
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.rollout.engines.vllm_lora import VLLMAdapters, lora_engine_args
+from areal_ray.weights.receivers import free_cuda_cache
 from areal_ray.weights.staging import staging_dir
 
 try:
@@ -241,6 +242,8 @@ def check_sleep_mode(args: dict) -> bool:
 
 # ----------------------------------------------------------------- the engine
 class VLLMEngine(VLLMAdapters, GatedEngine):
+    loads_from_host = True  # a push is staged to a file (`stage_file`)
+
     def __init__(self, model_path: str, max_batch_size: int = 64, dtype: str = "float32",
                  version: int = 0, threads: int = 1, kv_cache_mb: int | None = None,
                  enforce_eager: bool | None = None, prefix_caching: bool = True,
@@ -297,6 +300,7 @@ class VLLMEngine(VLLMAdapters, GatedEngine):
         # One change of vLLM's memory at a time: a sleep, a wake, or a load (which
         # decides from `asleep` what to wake first).
         self._memory = asyncio.Lock()
+        self._removals: set[int] = set()  # adapter ids to remove once the weights wake
         self._stats = {"requests": 0, "tokens": 0, "aborted_requests": 0}
         self._init_lora()
         self._probe: tuple[int, list[int], list[float]] | None = None  # (version, ids, logprobs)
@@ -408,6 +412,7 @@ class VLLMEngine(VLLMAdapters, GatedEngine):
             info = await self._swap(version, mode, lambda: self._load_file(path))
         finally:
             path.unlink(missing_ok=True)
+            free_cuda_cache()  # device-to-host copies of a push received on the GPU
         await self._unload_unused()  # full weights: no adapter serves from now on
         return info
 
@@ -447,8 +452,15 @@ class VLLMEngine(VLLMAdapters, GatedEngine):
             if self.released:
                 return
             await self.gate.hold("abort", self._abort)
+            try:
+                await self.engine.sleep(level=1)
+            except BaseException as e:
+                # What a failed sleep left on the GPU is unknown: not `released` (the next
+                # round sleeps again rather than acking at once beside an awake engine),
+                # and a recorded failure has Serve replace the replica, which frees it.
+                self.gate.fail("vLLM's sleep (release_memory)", e)
+                raise
             self.released = True
-            await self.engine.sleep(level=1)
             self.asleep = set(SLEEP_TAGS)
 
     async def resume_memory(self) -> None:
@@ -465,6 +477,8 @@ class VLLMEngine(VLLMAdapters, GatedEngine):
     async def _wake(self, tags: list[str]) -> None:
         await self.engine.wake_up(tags=tags)
         self.asleep.difference_update(tags)
+        if "weights" in tags:
+            await self._remove_deferred()
 
     async def check_health(self) -> None:
         await self.engine.check_health()

@@ -63,4 +63,17 @@ class VLLMAdapters(AdapterServing):
         return request
 
     async def _remove_lora(self, lora_id: int, handle) -> None:
-        await self.engine.remove_lora(lora_id)
+        """Remove the adapter from vLLM, unless its weights sleep: vLLM's LoRA slots live
+        in the weights' memory pool (its model is loaded inside it), so a remove then
+        would write into unmapped memory, and waking the weights for it would put them
+        back on the GPU during a trainer step. It is then removed when they wake."""
+        async with self._memory:
+            if "weights" in self.asleep:
+                self._removals.add(lora_id)
+                return
+            await self.engine.remove_lora(lora_id)
+
+    async def _remove_deferred(self) -> None:
+        """The removes that found the weights asleep (`_memory` held, weights awake)."""
+        while self._removals:
+            await self.engine.remove_lora(self._removals.pop())

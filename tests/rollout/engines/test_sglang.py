@@ -15,6 +15,7 @@ aborted in the waiting queue with {"text": "", "output_ids": [], ...} and finish
 """
 
 import asyncio
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -375,10 +376,13 @@ class FakeEngine:
             enable_weights_cpu_backup=kwargs.get("enable_weights_cpu_backup", False),
             enable_lora=kwargs.get("enable_lora", False))
         self.lora_paths: list = []  # each request's lora_path
+        # what sglang's spawned scheduler inherits (and its loader reads at exec)
+        self.library_path = os.environ.get("LD_LIBRARY_PATH")
 
     async def async_generate(self, input_ids, sampling_params, return_logprob, logprob_start_len,
                              rid, lora_path=None):
-        assert return_logprob and logprob_start_len == -1
+        # -1: the output's logprobs only (generate); 0: the prompt's too (the load probe)
+        assert return_logprob and logprob_start_len in (-1, 0)
         tm = self.tokenizer_manager
         tm._check_memory("generate")
         if lora_path is not None and lora_path not in tm.loras:
@@ -404,7 +408,17 @@ class FakeEngine:
             tm.lora_users[lora_path] -= 1
             tm.at_scheduler.discard(rid)
             del tm.rid_to_state[rid]
-        return sglang_out(ids, finish, [-1.0] * len(ids), rid)
+        out = sglang_out(ids, finish, [-1.0] * len(ids), rid)
+        if logprob_start_len == 0:  # sglang's shape: None for the first prompt token
+            out["meta_info"]["input_token_logprobs"] = [
+                (None if i == 0 else prompt_logprob(t, lora_path), t, None)
+                for i, t in enumerate(input_ids)]
+        return out
+
+
+def prompt_logprob(token: int, lora_path) -> float:
+    """The fake model's log p of a prompt token: another value under an adapter."""
+    return -(token % 97) / 10 - (0.5 if lora_path else 0.0)
 
 
 @pytest.fixture()
@@ -951,3 +965,156 @@ def test_a_full_push_serves_plain_weights_and_unloads_the_adapter(lora_engine):
 def test_an_adapter_needs_an_engine_built_with_lora(engine):
     with pytest.raises(RuntimeError, match="built without LoRA"):
         asyncio.run(engine.update_adapter(lora_adapter(1), 1))
+
+
+# ----------------------------------------------------------------- the memory saver's library path
+def fake_site(root, version="13.0.96", lib="libcudart.so.13"):
+    """A site-packages dir as pip leaves it after installing nvidia-cuda-runtime: the
+    library under nvidia/, and the distribution's RECORD listing it."""
+    (root / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (root / "nvidia" / "cu13" / "lib" / lib).write_bytes(b"")
+    info = root / f"nvidia_cuda_runtime-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-cuda-runtime\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"nvidia/cu13/lib/{lib},,\n{info.name}/METADATA,,\n")
+    return root / "nvidia" / "cu13" / "lib"
+
+
+def test_cudart_dir_finds_the_runtime_torch_loads(tmp_path):
+    lib_dir = fake_site(tmp_path)
+    assert se.cudart_dir("13.0", [], [str(tmp_path)]) == str(lib_dir)
+    assert se.cudart_dir("12.8", [], [str(tmp_path)]) is None  # another major's runtime
+    assert se.cudart_dir(None, [], [str(tmp_path)]) is None  # a CPU build of torch
+    assert se.cudart_dir("13.0", [], [str(tmp_path / "empty")]) is None
+    # the one this process mapped wins (a symlinked system install maps its full version)
+    maps = ["7f00-7f01 r-xp 00000000 08:01 42 /usr/local/cuda/lib64/libcudart.so.13.0.96\n"]
+    assert se.cudart_dir("13.0", maps, [str(tmp_path)]) == "/usr/local/cuda/lib64"
+
+
+def test_the_memory_saver_puts_torchs_cuda_runtime_on_the_schedulers_library_path(
+        engine, monkeypatch, tmp_path):
+    """sglang spawns its scheduler with torch_memory_saver's hook in LD_PRELOAD; the hook
+    needs libcudart.so.13, which a pip environment keeps in site-packages (R3-C2)."""
+    lib_dir = fake_site(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
+    saver = SGLangEngine("some/model", enable_memory_saver=True)
+    assert saver.engine.library_path == f"{lib_dir}{os.pathsep}/opt/other"
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
+    plain = SGLangEngine("some/model")  # no memory saver: no hook, nothing to add
+    assert plain.engine.library_path == "/opt/other"
+
+
+# ----------------------------------------------------------------- /dev/shm room (R3-C5)
+@pytest.fixture()
+def shm_free(monkeypatch):
+    """The free-space probe of /dev/shm answers `free[0]` (a real small tmpfs needs root)."""
+    from areal_ray.weights import staging
+    free = [1 << 40]
+    monkeypatch.setattr(staging, "free_bytes", lambda p: free[0])
+    return free
+
+
+def test_shm_buckets_are_bounded_and_keep_order():
+    sd = {f"w{i}": torch.ones(n) for i, n in enumerate([4, 4, 10, 1, 1])}
+    buckets = se.shm_buckets(sd, 32)  # float32: 16, 16, 40, 4, 4 bytes
+    assert [[n for n, _ in b] for b in buckets] == [["w0", "w1"], ["w2"], ["w3", "w4"]]
+    assert se.shared_bytes(sd) == 80 and se.shared_bytes(sd, torch.bfloat16) == 40
+
+
+def test_a_push_that_does_not_fit_in_shm_goes_in_bounded_buckets_in_one_session(
+        engine, shm_free, monkeypatch):
+    from areal_ray.weights.staging import SHM_MARGIN
+    engine.torch_dtype = torch.float32
+    sd = {f"w{i}": torch.full((256,), float(i)) for i in range(4)}  # 1 KiB each
+    monkeypatch.setattr(se, "SHM_BUCKET_BYTES", 2048)
+    shm_free[0] = SHM_MARGIN + 3000  # the bucket fits, the whole push does not
+    tm = engine.engine.tokenizer_manager
+    info = asyncio.run(engine.update_weights(sd, 4))
+    assert info["version"] == 4 and engine.gate.is_open
+    assert tm.calls.count("begin") == 1 and tm.calls.count("tensor") == 2
+    loaded = [u[3][0] for u in tm.updates]  # rank 0's tensors of each update
+    assert [sorted(t) for t in loaded] == [["w0", "w1"], ["w2", "w3"]]
+    assert all(torch.equal(t[n], sd[n]) for t in loaded for n in t)
+
+
+def test_a_push_with_no_room_in_shm_fails_before_the_pause_naming_the_fix(engine, shm_free):
+    shm_free[0] = 64 << 20  # Docker's default /dev/shm
+    sd = {"w": torch.ones(32 << 20, dtype=torch.bfloat16)}  # 64 MiB plus the margin: no room
+    with pytest.raises(OSError, match=r"needs 0.06 GiB of shared memory in /dev/shm.*--shm-size"):
+        asyncio.run(engine.update_weights(sd, 4))
+    tm = engine.engine.tokenizer_manager
+    assert tm.calls == [] and engine.gate.is_open and engine.load_failure() is None
+
+
+def test_a_push_that_fails_before_the_swap_after_a_blind_resume_fails_the_health_check(
+        saver, shm_free):
+    """R3-H1: resumed without its weights, the gate waits for a load; a push that fails
+    before its swap (here /dev/shm) must not leave the replica closed but healthy."""
+    from deployments.rollout import RolloutServer
+
+    async def scenario():
+        await saver.release_memory()
+        await saver.resume_memory()
+        assert not saver.gate.is_open
+        shm_free[0] = 0
+        with pytest.raises(OSError, match="shared memory"):
+            await saver.update_weights({"w": torch.ones(4)}, 4)
+        replica = SimpleNamespace(_watcher=None, engine=saver)
+        with pytest.raises(RuntimeError, match="replica stopped serving: loading v4 failed: "
+                                               "OSError.*shared memory"):
+            await RolloutServer.func_or_class.check_health(replica)
+        shm_free[0] = 1 << 40
+        await saver.update_weights({"w": torch.ones(4)}, 5)  # a good load reopens
+        return await saver.generate(GenerationRequest([1], 1))
+
+    assert asyncio.run(scenario()).versions == [5] and saver.load_failure() is None
+
+
+def test_a_push_that_fails_with_the_gate_open_is_no_replica_failure(engine):
+    """An error before the swap of a serving engine leaves it serving the old weights."""
+    with pytest.raises(AttributeError):
+        asyncio.run(engine.update_weights({"w": "not a tensor"}, 4))
+    assert engine.gate.is_open and engine.load_failure() is None
+
+
+# ----------------------------------------------------------------- release + LoRA (R3-W1)
+def test_release_with_lora_keeps_a_cpu_copy_of_the_base_weights(engine):
+    from areal_ray.rollout.engines.base import EngineOptions
+    opts = EngineOptions(release_memory=True, lora_rank=2, lora_targets=("q_proj",))
+    built = SGLangEngine.from_options("some/model", opts)
+    assert built.engine.kwargs["enable_weights_cpu_backup"] is True
+    assert built.engine.kwargs["enable_memory_saver"] is True
+    plain = SGLangEngine.from_options("some/model", EngineOptions(release_memory=True))
+    assert "enable_weights_cpu_backup" not in plain.engine.kwargs  # full pushes reload them
+    no_backup = EngineOptions(release_memory=True, lora_rank=2, lora_targets=("q_proj",),
+                              engine_kwargs={"enable_weights_cpu_backup": False})
+    with pytest.raises(ValueError, match="enable_weights_cpu_backup"):
+        SGLangEngine.from_options("some/model", no_backup)
+
+
+def test_an_adapter_is_never_served_on_undefined_base_weights(engine, monkeypatch, tmp_path):
+    """Without the CPU copy the base weights come back from a release undefined: an
+    adapter push must fail the replica, not reopen the gate over them."""
+    monkeypatch.setattr("areal_ray.rollout.engines.adapters.staging_dir", lambda nbytes: tmp_path)
+    eng = SGLangEngine("some/model", version=0, lora_rank=2, lora_targets=("q_proj",),
+                       enable_memory_saver=True)
+
+    async def scenario():
+        await eng.release_memory()
+        await eng.resume_memory()
+        with pytest.raises(RuntimeError, match="undefined"):
+            await eng.update_adapter(lora_adapter(1), 1)
+        return eng.gate.is_open, eng.load_failure()
+
+    is_open, failure = asyncio.run(scenario())
+    assert not is_open and "loading v1 failed" in failure and eng.engine.calls == 0
+
+
+def test_the_load_probe_is_scored_from_sglangs_prompt_logprobs(engine):
+    """weights/probe.py on sglang: `score` asks for the prompt's logprobs from position 0
+    at temperature 1 through the gate, and returns those of ids[1:]."""
+    ids = [3, 7922, 15841, 200]
+    assert asyncio.run(engine.score(ids)) == [prompt_logprob(t, None) for t in ids[1:]]
+    assert engine.engine.calls == 1 and engine.engine.inside == 0

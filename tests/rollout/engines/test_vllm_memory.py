@@ -27,8 +27,11 @@ class StrictAsyncLLM:
     """The part of AsyncLLM's surface VLLMEngine uses. Requests make one token (id 7,
     logprob -1) per millisecond until their budget or an abort."""
 
-    def __init__(self, sleep_mode: bool = True):
+    def __init__(self, sleep_mode: bool = True, lora: bool = False):
         self.sleep_mode = sleep_mode
+        self.vllm_config = SimpleNamespace(lora_config=object() if lora else None)
+        self.loras: set[int] = set()  # adapter ids added
+        self.fail_sleep = 0  # sleeps to fail (a CUDA error inside the engine core)
         self.sleeping: set[str] = set()
         self.running: dict[str, asyncio.Event] = {}
         self.calls: list[str] = []
@@ -38,7 +41,8 @@ class StrictAsyncLLM:
     async def generate(self, prompt, sampling_params, request_id, *, prompt_text=None,
                        lora_request=None):
         # AsyncLLM.generate's keyword (vllm/v1/engine/async_llm.py); only LoRA runs set it
-        assert lora_request is None, "no adapter was loaded into this engine"
+        assert lora_request is None or lora_request.lora_int_id in self.loras, \
+            "no such adapter was loaded into this engine"
         if self.sleeping:
             raise AssertionError("generate while asleep: vLLM would hold it unserved")
         aborted = self.running[request_id] = asyncio.Event()
@@ -67,6 +71,9 @@ class StrictAsyncLLM:
         if self.loading:
             raise AssertionError("sleep during a weight load")
         assert level == 1
+        if self.fail_sleep:
+            self.fail_sleep -= 1
+            raise RuntimeError("CUDA error: out of memory (offloading the weights)")
         self.sleeping = set(VLLM_SLEEP_TAGS)
         self.calls.append("sleep")
 
@@ -78,6 +85,22 @@ class StrictAsyncLLM:
         self.sleeping -= set(tags)
         self.calls.append("wake:" + ",".join(tags))
         return not self.sleeping
+
+    async def add_lora(self, lora_request):
+        # the LoRA slots live in the weights' memory pool (model loaded inside it)
+        if "weights" in self.sleeping:
+            raise AssertionError("add_lora with the weights asleep: their memory is unmapped")
+        self.loras.add(lora_request.lora_int_id)
+        self.calls.append(f"add_lora:{lora_request.lora_int_id}")
+        return True
+
+    async def remove_lora(self, lora_id):
+        if "weights" in self.sleeping:
+            raise AssertionError("remove_lora with the weights asleep: their memory is unmapped")
+        self.calls.append(f"remove_lora:{lora_id}")
+        removed = lora_id in self.loras
+        self.loras.discard(lora_id)
+        return removed
 
     async def is_sleeping(self):
         return bool(self.sleeping)
@@ -108,10 +131,11 @@ class StrictAsyncLLM:
         pass
 
 
-def engine(sleep_mode: bool = True) -> VLLMEngine:
+def engine(sleep_mode: bool = True, lora: bool = False) -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
-    eng._attach(StrictAsyncLLM(sleep_mode), version=0, prefix_caching=True,
+    eng._attach(StrictAsyncLLM(sleep_mode, lora), version=0, prefix_caching=True,
                 sleep_mode=sleep_mode, record_digest=False)
+    eng.model_path, eng.dtype = "some/model", "float32"
     return eng
 
 
@@ -283,3 +307,63 @@ def test_the_stand_in_has_the_real_async_llms_surface():
         for kind in (inspect.iscoroutinefunction, inspect.isasyncgenfunction):
             assert kind(fn) == kind(real), (name, kind.__name__)
     assert "enable_sleep_mode" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def test_a_failed_sleep_is_not_a_release_and_fails_the_replica():
+    """R3-M4: a sleep that raised freed nothing known: the engine is not `released`, so
+    the next release round sleeps again instead of acking at once beside an awake
+    engine, and the health check fails so that Serve replaces the replica."""
+    eng = engine()
+    eng.engine.fail_sleep = 1
+
+    async def scenario():
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await eng.release_memory()
+        state = (eng.released, set(eng.asleep), eng.load_failure())
+        await eng.release_memory()  # the retry sleeps
+        return state
+
+    released, asleep, failure = asyncio.run(scenario())
+    assert not released and not asleep
+    assert failure.startswith("vLLM's sleep (release_memory) failed: RuntimeError")
+    assert eng.engine.calls == ["sleep"] and eng.released and eng.asleep == set(SLEEP_TAGS)
+
+
+def test_an_adapter_removed_while_the_weights_sleep_goes_when_they_wake(monkeypatch, tmp_path):
+    """R3-M5: vLLM's LoRA slots sleep with the weights. A remove that reaches a released
+    engine waits for their wake (it neither writes into unmapped memory nor wakes the
+    weights during the trainer's step)."""
+    from areal_ray.weights.adapter import Adapter
+    from areal_ray.weights.payloads import AdapterMeta
+    monkeypatch.setattr("areal_ray.rollout.engines.adapters.staging_dir", lambda nbytes: tmp_path)
+    meta = AdapterMeta("some/model", "", rank=2, alpha=4.0, scaling=2.0, targets=("q_proj",))
+    adapter = Adapter(meta, {"model.layers.0.self_attn.q_proj.lora_A": torch.ones(2, 8),
+                             "model.layers.0.self_attn.q_proj.lora_B": torch.ones(8, 2)})
+    eng = engine(lora=True)
+
+    async def scenario():
+        await eng.update_adapter(adapter, 1)
+        [lora_id] = eng.slots.loaded
+        handle = eng._lora[lora_id]
+        await eng.release_memory()
+        await eng._remove_lora(lora_id, handle)  # e.g. the last request of an old adapter
+        calls_released = list(eng.engine.calls)
+        await eng.resume_memory()
+        return lora_id, calls_released
+
+    lora_id, calls_released = asyncio.run(scenario())
+    assert calls_released == [f"add_lora:{lora_id}", "sleep"]  # nothing woke for the remove
+    assert eng.engine.calls[2:] == ["wake:weights,kv_cache", f"remove_lora:{lora_id}"]
+    assert eng.engine.loras == set()
+
+
+def test_the_replicas_cached_cuda_blocks_are_freed_after_each_push(monkeypatch):
+    """R3-O2: a push received on the GPU is copied to the host and staged; torch's
+    caching allocator would otherwise keep its blocks reserved outside vLLM's share."""
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    eng = engine()
+    asyncio.run(eng.update_weights(WEIGHTS, 1))
+    assert len(emptied) == 1 and VLLMEngine.loads_from_host
