@@ -3,13 +3,18 @@ code written against the `openai` client runs unchanged as a rollout workflow.
 
     POST   <prefix>/sessions/{sid}/v1/completions
     POST   <prefix>/sessions/{sid}/v1/chat/completions
+    POST   <prefix>/sessions/{sid}/v1/responses   the Responses API, recorded as chat calls
     GET    <prefix>/sessions/{sid}/v1/models
+    POST   <prefix>/v1/chat/completions, .../completions, .../responses   with the session id in
+           the `x-areal-session` header (for code that cannot change its base URL's path)
     GET    <prefix>/sessions/{sid}          the recorded calls and the Samples they make
     DELETE <prefix>/sessions/{sid}
 
 `openai.AsyncOpenAI(base_url=".../sessions/<sid>/v1", api_key=<rollout.openai.api_key>)`
 is all an agent needs. Every route first checks the bearer key and the body's size
-(areal_ray/rollout/openai/auth.py: a 401 or 413 before the body is read or parsed). Every call of a session is recorded token by token (areal_ray/rollout/openai/sessions.py)
+(areal_ray/rollout/openai/auth.py: a 401 or 413 before the body is read or parsed), then
+parses it strictly (payload.py: a 400 for bad UTF-8, depth, lone surrogates). Any other
+path is a 404 in OpenAI's error format naming the routes there are. Every call of a session is recorded token by token (areal_ray/rollout/openai/sessions.py)
 and generated through the Rollout deployment's handle (an `EngineClient`: a lost
 replica is retried) with interruptible resubmission, so a weight push never reaches the
 agent and every token keeps the version that sampled it
@@ -34,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -48,7 +52,8 @@ from areal_ray.rollout.engine_client import DRAIN_POLL_S, EngineClient
 from areal_ray.rollout.engines.limits import RequestLimits
 from areal_ray.rollout.openai.affinity import SessionLost, SessionRegistry, shard_of
 from areal_ray.rollout.openai.auth import RequestGuard
-from areal_ray.rollout.openai.protocol import APIError, Defaults
+from areal_ray.rollout.openai.payload import parse_body
+from areal_ray.rollout.openai.protocol import SESSION_HEADER, APIError, Defaults, no_session, unknown_route
 from areal_ray.rollout.openai.service import SID, OpenAIService
 from areal_ray.rollout.openai.sessions import SessionStore
 from areal_ray.rollout.openai.sse import EventStream
@@ -131,13 +136,10 @@ async def _answer(fn, *args) -> tuple[int, dict | EventStream]:
 
 
 async def _body(guard: RequestGuard, request: Request) -> dict:
-    """The JSON body, its size checked before it is read (declared) and while (read)."""
+    """The JSON body, its size checked before it is read (declared) and while (read),
+    its structure as it is parsed (payload.py: depth, UTF-8, a JSON object)."""
     guard.check_length(request.headers.get("content-length"))
-    data = await guard.read(request.stream())
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not JSON: {e}") from e
+    return parse_body(await guard.read(request.stream()))
 
 
 class GcsKV:
@@ -160,7 +162,7 @@ class GcsKV:
 
 
 # The service methods a session route calls, and whether each may open the session.
-SESSION_METHODS = {"completions": True, "chat": True, "open_session": True,
+SESSION_METHODS = {"completions": True, "chat": True, "responses": True, "open_session": True,
                    "session": False, "delete": False}
 
 
@@ -265,6 +267,10 @@ class OpenAIServer:
     async def chat_completions(self, sid: str, request: Request):
         return await self._serve(request, "chat", sid, body=True)
 
+    @api.post("/sessions/{sid}/v1/responses")
+    async def responses(self, sid: str, request: Request):
+        return await self._serve(request, "responses", sid, body=True)
+
     @api.get("/sessions/{sid}/v1/models")
     async def models(self, sid: str, request: Request):
         try:
@@ -272,6 +278,30 @@ class OpenAIServer:
         except APIError as e:
             return Reply(e.status, e.body(), self.local.name).response()
         return Reply(200, self.local.service.models(), self.local.name).response()
+
+    @api.get("/v1/models")
+    async def models_of_any_session(self, request: Request):
+        return await self.models("", request)
+
+    async def _by_header(self, request: Request, method: str):
+        """`<prefix>/v1/...`: the session named by the SESSION_HEADER header, or a 400
+        naming both ways to name one (never a bare 404)."""
+        sid = request.headers.get(SESSION_HEADER)
+        if sid:
+            return await self._serve(request, method, sid, body=True)
+        return self._refuse(request, no_session(str(request.url)))
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions_by_header(self, request: Request):
+        return await self._by_header(request, "chat")
+
+    @api.post("/v1/completions")
+    async def completions_by_header(self, request: Request):
+        return await self._by_header(request, "completions")
+
+    @api.post("/v1/responses")
+    async def responses_by_header(self, request: Request):
+        return await self._by_header(request, "responses")
 
     @api.post("/sessions/{sid}")
     async def open_session(self, sid: str, request: Request):
@@ -284,6 +314,21 @@ class OpenAIServer:
     @api.delete("/sessions/{sid}")
     async def delete(self, sid: str, request: Request):
         return await self._serve(request, "delete", sid)
+
+    def _refuse(self, request: Request, error: APIError):
+        """`error`, or the 401 when the request lacks the key (checked first)."""
+        try:
+            self.guard.authorize(request.headers.get("authorization"))
+        except APIError as e:
+            error = e
+        return Reply(error.status, error.body(), self.local.name).response()
+
+    # Last, so every route above matches first: any other path or method is a 404 in
+    # OpenAI's format naming the routes there are (the Responses API's names what to
+    # use instead), which the client raises with that message.
+    @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+    async def unknown(self, path: str, request: Request):
+        return self._refuse(request, unknown_route(request.method, str(request.url)))
 
 
 def build_openai_app(cfg, rollout_app, model_path: str):

@@ -16,6 +16,12 @@ The driver never calls replicas: they pull. That is how it reaches every replica
 including ones Serve starts or restarts mid-run, without tracking Serve's replica set.
 Requests are routed by least outstanding generation budget (areal_ray/rollout/router.py).
 
+The driver actor is the job's owner record (areal_ray/cluster/ownership.py): it dies with
+the job's process however that ends, and the watcher's long poll then fails. A replica
+that finds the driver gone removes what the job owned (its app, this replica included,
+and its files on every node: `cleanup.reap`), so a killed job holds no replicas, GPUs or
+/dev/shm for longer than that takes.
+
 Without a driver (`driver_name=""`) the app serves the model's weights from disk at
 version 0, which is how evaluation of a checkpoint runs.
 """
@@ -32,7 +38,9 @@ import torch
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from areal_ray.cluster.cleanup import owner_alive, reap, sweep_local_files
 from areal_ray.cluster.ownership import tag_of_driver
+from areal_ray.cluster.roles import NodeRequirement
 from areal_ray.config import Config
 from areal_ray.config.root import lora_push_mode
 from areal_ray.observe.metrics import ReplicaMetrics
@@ -113,6 +121,14 @@ class RolloutServer:
     async def __init__(self, model_path: str, driver_name: str = "", namespace: str = "",
                    opts: ServerOptions | None = None):
         opts = opts or ServerOptions.from_config(Config())
+        self.driver_name, self.namespace = driver_name, namespace
+        self.owner = tag_of_driver(driver_name) or ""  # the job's tag (ownership.Owned)
+        self.orphaned = False  # the driver is gone and what the job owned was reaped
+        if driver_name and not await asyncio.to_thread(owner_alive, driver_name, namespace):
+            # Started (or restarted by Serve, after a failed start) when the job is gone:
+            # no running replica may be left to notice, so this one reaps.
+            await self._reap()
+            raise RuntimeError(f"driver {driver_name} is gone: the job that owns this app ended")
         torch.set_num_threads(opts.torch_threads)
         if driver_name and opts.release_memory:  # size the engine between trainer steps
             late = await ray.get_actor(driver_name, namespace=namespace).replica_starting.remote(
@@ -231,9 +247,31 @@ class RolloutServer:
                         raise
             except asyncio.CancelledError:
                 raise
+            except ray.exceptions.RayActorError:
+                if not await asyncio.to_thread(owner_alive, self.driver_name, self.namespace):
+                    await self._reap()
+                    return
+                logger.warning("driver %s unreachable; retrying", self.driver_name)
+                await asyncio.sleep(1.0)
             except Exception:  # noqa: BLE001 - keep polling; health check reports a dead watcher
                 logger.exception("weight watcher failed; retrying")
                 await asyncio.sleep(1.0)
+
+    async def _reap(self) -> None:
+        """The job is gone: remove what it owned (`cleanup.reap`: every replica may run
+        it, each once; all but the first find nothing left). In a thread: it waits on
+        tasks on the other nodes, and the replica's loop must go on answering Serve."""
+        self.orphaned = True
+        if not self.owner:  # a driver not named by a job's tag owns nothing we can name
+            return
+        logger.warning("driver %s is gone: removing what job %s owned", self.driver_name,
+                       self.owner)
+        try:
+            report = await asyncio.to_thread(reap, self.owner)
+            for line in report.lines():
+                logger.warning(line)
+        except Exception:  # noqa: BLE001 - the next sweep (a job's start, jobs.cleanup) catches it
+            logger.exception("could not remove what job %s owned", self.owner)
 
     async def _watch_release(self) -> None:
         """Free the engine's GPU memory at each release round the trainer opens
@@ -303,7 +341,7 @@ class RolloutServer:
                 **await self.engine.weights_digest()}
 
     async def check_health(self) -> None:
-        if self._watcher is not None and self._watcher.done():
+        if self._watcher is not None and self._watcher.done() and not self.orphaned:
             raise RuntimeError("weight watcher stopped")
         # An engine whose weight load failed keeps its gate closed (its weights may be
         # half written): failing the health check has Serve replace the replica, and
@@ -320,6 +358,14 @@ class RolloutServer:
             except Exception:  # noqa: BLE001 - the driver may be gone at shutdown
                 pass
         self.engine.shutdown()  # vLLM: stop its engine-core processes now
+        if self.orphaned and self.owner:
+            # Once more, as the reaped app ends: a writer of the job that was still dying
+            # at the reap (a trainer mid-push) may have made a file since. The shm path
+            # has every writer on a replica's node, so this node is enough.
+            try:
+                await asyncio.to_thread(sweep_local_files, False, "", self.owner)
+            except Exception:  # noqa: BLE001 - the next sweep (a job's start, jobs.cleanup) catches it
+                logger.exception("could not remove what job %s owned", self.owner)
 
 
 def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):
@@ -336,8 +382,10 @@ def build_app(cfg, model_path: str, driver_name: str = "", namespace: str = ""):
             "upscale_delay_s": r.upscale_delay_s, "downscale_delay_s": r.downscale_delay_s}}
     if r.router == "least_tokens":
         scaling["request_router_config"] = RequestRouterConfig(
-            request_router_class=LeastOutstandingTokensRouter)
-    actor = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
+            request_router_class=LeastOutstandingTokensRouter,
+            request_router_kwargs={"run": cfg.run.name})
+    # custom resources and a label selector pin replicas to a node type (cluster/roles.py)
+    actor = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, **NodeRequirement.of(r).actor_options()}
     if r.num_gpus > 0:  # the trainer's NCCL settings (areal_ray.weights.encoding.NCCL_ENV)
         actor["runtime_env"] = {"env_vars": dict(NCCL_ENV)}
     return RolloutServer.options(

@@ -14,9 +14,10 @@ tool's out). The model must write the parser's format: a Qwen model, or the tiny
 warm-started in it (artifacts/tiny-agents).
 
 What the SDK needs here, as against any OpenAI-compatible server that is not OpenAI's:
-the Chat Completions API (`OpenAIChatCompletionsModel`: the endpoint serves no Responses
-API) over the workflow's own client (its key, no retries), and tracing off (it would
-export to OpenAI's platform).
+a model over the workflow's own client (its key, no retries), and tracing off (it would
+export to OpenAI's platform). This example uses the Chat Completions API
+(`OpenAIChatCompletionsModel`); the SDK's default, the Responses API, is served too
+(areal_ray/rollout/openai/responses.py: the same session, the same recorded tokens).
 """
 
 from __future__ import annotations

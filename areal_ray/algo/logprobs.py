@@ -71,30 +71,62 @@ def pad_batch(seqs: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return out
 
 
+# What `chunked_logprobs(entropy=...)` adds beside each logprob: nothing, the token
+# entropy as a value (no gradient: a metric), or with its gradient (an entropy bonus).
+ENTROPY = (None, "value", "grad")
+
+
+def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """H = logsumexp(z) - sum softmax(z) z, from the chunk's own logits: one more
+    [rows, V] tensor (the probabilities) per chunk, never a second forward."""
+    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
 def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
+                    temperature: float, entropy: str | None = None) -> torch.Tensor:
     logits = F.linear(h, weight, bias).float() / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if entropy is None:
+        return logp
+    if entropy == "value":
+        with torch.no_grad():
+            ent = _entropy(logits.detach(), lse.detach())
+    else:
+        ent = _entropy(logits, lse)
+    return torch.stack([logp, ent], dim=-1)
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor,
-                     temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+                     temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES,
+                     entropy: str | None = None) -> torch.Tensor:
     """log softmax(hidden @ weight.T + bias) / T at `targets`, for hidden [..., H] and
-    targets [...]; at most `chunk_bytes` of fp32 logits exist at once, forward or backward."""
+    targets [...]; at most `chunk_bytes` of fp32 logits exist at once, forward or backward.
+
+    `entropy` ("value" or "grad", see ENTROPY): the output is [..., 2], the logprob and
+    the entropy of the tempered distribution at each position; the logprobs are the
+    same bits as without it."""
+    if entropy not in ENTROPY:
+        raise ValueError(f"entropy must be one of {ENTROPY}, got {entropy!r}")
     rows = max(1, chunk_bytes // (4 * weight.shape[0]))
+    shape = targets.shape if entropy is None else (*targets.shape, 2)
     if targets.numel() <= rows:  # one chunk: nothing to gain from recomputing it
-        return _chunk_logprobs(hidden, weight, bias, targets, temperature)
+        return _chunk_logprobs(hidden, weight, bias, targets, temperature, entropy)
     h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     parts = [checkpoint(_chunk_logprobs, h[i:i + rows], weight, bias, t[i:i + rows], temperature,
-                        use_reentrant=False)
+                        entropy, use_reentrant=False)
              for i in range(0, h.shape[0], rows)]
     # A copy, not a view: FSDP2 hooks its backward onto the module's output.
-    return torch.cat(parts).reshape(targets.shape).clone()
+    return torch.cat(parts).reshape(shape).clone()
 
 
 @contextmanager
-def logprob_head(model, input_ids: torch.Tensor, temperature: float, chunk_bytes: int):
-    """While active, `model(...).logits` is [B, L-1]: the logprob of input_ids[:, 1:]."""
+def logprob_head(model, input_ids: torch.Tensor, temperature: float, chunk_bytes: int,
+                 entropy: str | None = None):
+    """While active, `model(...).logits` is [B, L-1]: the logprob of input_ids[:, 1:]
+    ([B, L-1, 2] with the entropy beside it, `entropy` as in `chunked_logprobs`: the
+    entropy leaves the model as its output, so FSDP sees its gradient like the
+    logprobs')."""
     head = model.get_output_embeddings()
     if getattr(model.config, "final_logit_softcapping", None):
         raise ValueError(f"{type(model).__name__} caps its logits; the chunked logprob head "
@@ -103,7 +135,7 @@ def logprob_head(model, input_ids: torch.Tensor, temperature: float, chunk_bytes
 
     def forward(hidden):
         return chunked_logprobs(hidden[:, :-1], head.weight, head.bias, targets, temperature,
-                                chunk_bytes)
+                                chunk_bytes, entropy)
     head.forward = forward  # an instance attribute: parameter names stay the same
     try:
         yield
@@ -112,9 +144,11 @@ def logprob_head(model, input_ids: torch.Tensor, temperature: float, chunk_bytes
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
-    """[B, L-1] log-probabilities of input_ids[:, 1:] under the model."""
-    with logprob_head(model, input_ids, temperature, chunk_bytes):
+                   temperature: float = 1.0, chunk_bytes: int = CHUNK_BYTES,
+                   entropy: str | None = None) -> torch.Tensor:
+    """[B, L-1] log-probabilities of input_ids[:, 1:] under the model ([B, L-1, 2] with
+    `entropy`: logprob and entropy)."""
+    with logprob_head(model, input_ids, temperature, chunk_bytes, entropy):
         return model(input_ids=input_ids, attention_mask=attention_mask).logits
 
 

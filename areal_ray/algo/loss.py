@@ -12,6 +12,11 @@ silently turns the objective into something else. Tokens whose weight exceeds
 `behav_imp_weight_cap` are masked out, but still counted in the denominator, so the
 cap never changes the scale of the loss.
 
+A mismatch correction (`algo.loss.correction`, algo/corrections.py) replaces the cap
+by its own weight and mask of w (TIS, masked IS, IcePop); it is off by default, and
+then the objective is exactly as described here. CISPO (`cispo_loss`) is the other
+registered loss.
+
 Two options change the objective, both off by default:
 * `level="sequence"` (GSPO): the clipped ratio and the advantage are per sequence
   (`algo.gspo`); the behaviour weight stays per token, since staleness is per token.
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from areal_ray.algo.corrections import OFF
 from areal_ray.algo.gspo import sequence_mean
+from areal_ray.algo.is_correction import behaviour_correction
 from areal_ray.algo.kl import KL_ESTIMATORS, kl_estimate
 from areal_ray.algo.losses import LossInputs
 
@@ -98,13 +105,15 @@ def decoupled_ppo_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    correction: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Decoupled PPO loss, token- or sequence-level (GSPO), with an optional KL penalty.
 
     All tensors share one shape (e.g. [batch, seq] or a packed [tokens]); `advantages`
     are per token. `loss_mask` marks the generated tokens that count. `seq_ids` (the
     micro-batch target of that name) is required for `level="sequence"`;
-    `ref_logprobs` for `kl_coef > 0`.
+    `ref_logprobs` for `kl_coef > 0`. `correction`: `behaviour_correction`'s keywords
+    (algo/is_correction.py), which replace `behav_imp_weight_cap`; None: the cap.
 
     `normalizer`: the denominator of the token mean. None means this call's own
     masked token count. A trainer that splits a step into micro-batches (and ranks)
@@ -131,11 +140,8 @@ def decoupled_ppo_loss(
     if dual_clip is not None:
         pg = torch.minimum(pg, dual_clip * adv.abs())
 
-    behav_log_w = torch.where(mask, proximal_logprobs.float() - behavior_logprobs.float(), 0.0)
-    behav_w = torch.exp(behav_log_w).detach()
-    keep = mask
-    if behav_imp_weight_cap is not None:
-        keep = mask & (behav_w <= behav_imp_weight_cap)
+    behav_w, keep, corr_stats = behaviour_weight(proximal_logprobs, behavior_logprobs, mask,
+                                                 behav_imp_weight_cap, correction, seq_ids)
     loss = torch.where(keep, pg * behav_w, 0.0).sum() / denom
 
     kl = _kl_term(logprobs, ref_logprobs, mask, kl_estimator)
@@ -155,8 +161,39 @@ def decoupled_ppo_loss(
             "approx_kl": masked_mean(torch.exp(-token_log_ratio) - 1.0 + token_log_ratio, mask),
             "ratio_mean": masked_mean(ratio.detach(), mask),
             "kl_ref": masked_mean(kl.detach(), mask) if kl is not None else torch.zeros(()),
+            **corr_stats,
         }
     return loss, stats
+
+
+def behaviour_weight(proximal_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor,
+                     mask: torch.Tensor, cap: float | None, correction: dict | None,
+                     seq_ids: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(w, keep, stats): the detached behaviour weight pi_prox / pi_behav per token and
+    the tokens the loss keeps. Without a correction (None, or mode "off"): w with the
+    upper `cap`; with one, the mode's weight and mask (algo/is_correction.py) replace
+    the cap."""
+    behav_log_w = torch.where(mask, proximal_logprobs.float() - behavior_logprobs.float(), 0.0)
+    if correction is not None and correction.get("mode", OFF) != OFF:
+        return behaviour_correction(behav_log_w, mask, seq_ids, **correction)
+    behav_w = torch.exp(behav_log_w).detach()
+    keep = mask
+    if cap is not None:
+        keep = mask & (behav_w <= cap)
+    with torch.no_grad():  # the cap is the default correction: a one-sided token mask
+        stats = {"correction_truncated_frac": torch.zeros(()),
+                 "correction_masked_frac": masked_mean((mask & ~keep).float(), mask)}
+    return behav_w, keep, stats
+
+
+def correction_args(cfg) -> dict | None:
+    """`algo.loss.correction` as `behaviour_correction`'s keywords; None when off."""
+    c = getattr(cfg, "correction", None)
+    if c is None or c.mode == OFF:
+        return None
+    return {"mode": str(c.mode), "is_threshold": c.is_threshold, "rs_threshold": c.rs_threshold,
+            "rs_threshold_lower": c.rs_threshold_lower}
 
 
 def ppo_policy_loss(x: LossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -167,4 +204,41 @@ def ppo_policy_loss(x: LossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.T
         eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
         behav_imp_weight_cap=cfg.behav_imp_weight_cap, normalizer=x.normalizer,
         level=cfg.importance_level, seq_ids=x.seq_ids, ref_logprobs=x.ref_logprobs,
-        kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator)
+        kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, correction=correction_args(cfg))
+
+
+def cispo_loss(x: LossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1): REINFORCE on log pi_theta weighted by the clipped, detached
+    ratio r = pi_theta / pi_prox, clip(r, 1 - cispo_eps_low, 1 + cispo_eps_high).
+    Unlike PPO's clip, which zeroes the gradient of a clipped token, every token keeps
+    a gradient; the clip only bounds its weight. The behaviour weight (and any
+    `algo.loss.correction`) applies as in the decoupled objective; token level only."""
+    mask = x.loss_mask.bool()
+    denom = torch.as_tensor(x.normalizer, dtype=torch.float32,
+                            device=x.logprobs.device).clamp(min=1.0)
+    log_ratio = torch.where(mask, x.logprobs.float() - x.proximal_logprobs.float(), 0.0)
+    ratio = torch.exp(log_ratio).detach()
+    lo, hi = 1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high
+    clipped = ratio.clamp(lo, hi)
+    adv = torch.where(mask, x.advantages.float(), 0.0)
+    behav_w, keep, corr_stats = behaviour_weight(x.proximal_logprobs, x.behavior_logprobs, mask,
+                                                 cfg.behav_imp_weight_cap, correction_args(cfg),
+                                                 x.seq_ids)
+    pg = -adv * clipped * torch.where(mask, x.logprobs.float(), 0.0)
+    loss = torch.where(keep, pg * behav_w, 0.0).sum() / denom
+    kl = _kl_term(x.logprobs, x.ref_logprobs, mask, cfg.kl_estimator)
+    if kl is not None and cfg.kl_coef > 0:
+        loss = loss + cfg.kl_coef * kl.sum() / denom
+    with torch.no_grad():
+        stats = {
+            "n_tokens": mask.float().sum(),
+            "clip_frac": masked_mean(((ratio < lo) | (ratio > hi)).float(), mask),
+            "behav_weight_mean": masked_mean(behav_w, mask),
+            "behav_weight_max": torch.where(mask, behav_w, 0.0).max()
+            if mask.any() else torch.zeros(()),
+            "capped_frac": masked_mean((mask & ~keep).float(), mask),
+            "approx_kl": masked_mean(torch.exp(-log_ratio) - 1.0 + log_ratio, mask),
+            "kl_ref": masked_mean(kl, mask) if kl is not None else torch.zeros(()),
+            **corr_stats,
+        }
+    return loss, stats

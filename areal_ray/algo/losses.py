@@ -11,13 +11,16 @@ Every loss has one signature:
 
 `x` holds one micro-batch's tensors (all of one shape: a packed [tokens] row or padded
 [rows, seq]); `cfg` is `algo.loss` (the clips, the cap, the importance level, the KL
-settings: a loss reads those it uses). It returns the scalar loss, already divided by
+settings, `correction`: the mismatch correction a loss applies to its behaviour weight,
+as `algo/loss.py`'s `behaviour_weight` does; the config refuses a correction with a loss not
+in `config.algo.CORRECTION_LOSSES`). It returns the scalar loss, already divided by
 `x.normalizer` (the minibatch's global masked-token count, so that summing the
 micro-batches' losses gives one token mean over the whole batch on every rank), and
 detached scalar stats. `train_step` records the stats of `train.step.POLICY_STATS`
 plus `behav_weight_max`, weighted by `n_tokens` (the masked token count: `loss_mask`'s
 sum when absent); a stat a loss does not report is recorded as NaN, "not measured".
-The loss's own job is the objective: micro-batching, the proximal policy, the
+The step itself adds the entropy bonus and measures entropy and the engine/trainer
+mismatch, whatever the loss. The loss's own job is the objective: micro-batching, the proximal policy, the
 reference model, the non-finite guard and the optimizer step stay `train_step`'s.
 """
 
@@ -36,6 +39,7 @@ DEFAULT = "decoupled_ppo"
 
 LOSSES: dict[str, str] = {
     "decoupled_ppo": "areal_ray.algo.loss:ppo_policy_loss",
+    "cispo": "areal_ray.algo.loss:cispo_loss",
 }
 
 

@@ -55,10 +55,11 @@ def pack(seqs: list[dict], build_mask: bool = True) -> dict[str, torch.Tensor]:
 
 
 def packed_token_logprobs(model, packed: dict[str, torch.Tensor], temperature: float = 1.0,
-                          chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
-    """[T-1] log-probabilities of input_ids[1:] (garbage across boundaries: masked out)."""
+                          chunk_bytes: int = CHUNK_BYTES, entropy: str | None = None) -> torch.Tensor:
+    """[T-1] log-probabilities of input_ids[1:] (garbage across boundaries: masked out);
+    [T-1, 2] with `entropy` (algo/logprobs.py: logprob and entropy)."""
     kwargs = {"input_ids": packed["input_ids"], "position_ids": packed["position_ids"]}
     if "attention_mask" in packed:
         kwargs["attention_mask"] = packed["attention_mask"]
-    with logprob_head(model, packed["input_ids"], temperature, chunk_bytes):
+    with logprob_head(model, packed["input_ids"], temperature, chunk_bytes, entropy):
         return model(**kwargs).logits[0]

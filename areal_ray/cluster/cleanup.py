@@ -1,6 +1,9 @@
-"""Removing what dead jobs left on the cluster: the sweep a job runs when it starts and
-`python -m jobs.cleanup` runs on demand. Which resources are garbage is decided in
-`ownership.py`; this module only looks at the cluster and removes.
+"""Removing what dead jobs left on the cluster: `reap`, which the job's own rollout
+replicas run as soon as they see its driver actor gone (however the job died: SIGKILL,
+`ray job stop`, an exception), so nothing waits for a person or for the next job; the
+sweep a job runs when it starts; and `python -m jobs.cleanup`, for what a cluster that
+died with its jobs left. Which resources are garbage is decided in `ownership.py`; this
+module only looks at the cluster and removes.
 
 Each kind is listed before its owners are read (see ownership.py): Serve apps from
 `serve.status()`, weight files on every alive node (/dev/shm is per node, and a
@@ -25,9 +28,11 @@ from areal_ray.cluster.ownership import (
     Owned,
     cluster_of,
     live_tags,
+    owned_by,
     stale_apps,
     stale_files,
     stale_pg_cleaners,
+    stale_sandbox_dirs,
 )
 from areal_ray.cluster.placement import delete_app
 from areal_ray.weights.staging import weight_dirs
@@ -44,10 +49,17 @@ class SweepReport:
     def lines(self) -> list[str]:
         verb = "would remove" if self.dry_run else "removed"
         out = [f"{verb} Serve app {a}" for a in self.apps]
-        out += [f"{verb} weight file {f}" for f in self.files]
+        out += [f"{verb} {_kind(f)} {f}" for f in self.files]
         out += [f"{verb} Ray Train placement-group cleaner actor {a}" for a in self.pg_cleaners]
         out += [f"not checked: {n}" for n in self.notes]
         return out
+
+
+def _kind(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    if name.startswith("areal-sandbox-"):
+        return "reward sandbox dir"
+    return "vLLM IPC socket dir" if name.startswith("areal-ipc-") else "weight file"
 
 
 def this_cluster() -> int:
@@ -74,8 +86,10 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_local_files(dry_run: bool, own_tag: str = "") -> list[str]:
-    """This node's stale weight files (ownership.stale_files), removed unless `dry_run`."""
+def sweep_local_files(dry_run: bool, own_tag: str = "", only_tag: str = "") -> list[str]:
+    """This node's stale weight files and IPC dirs (ownership.stale_files; with
+    `only_tag`, only that dead job's) and reward-check dirs of dead processes
+    (ownership.stale_sandbox_dirs), removed unless `dry_run`."""
     listed = {}
     for d in weight_dirs():
         try:
@@ -84,11 +98,14 @@ def sweep_local_files(dry_run: bool, own_tag: str = "") -> list[str]:
             continue
     # Owners are read after the files are listed (ownership.py).
     live = live_tags(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
-    stale = [listed[n] for n in stale_files(listed, this_cluster(), live, pid_alive, own_tag)]
+    names = stale_files(listed, this_cluster(), live, pid_alive, own_tag)
+    if only_tag:
+        names = owned_by(names, only_tag)
+    stale = [listed[n] for n in names + stale_sandbox_dirs(listed, pid_alive)]  # the temp dir's
     if not dry_run:
         for p in stale:  # a replica's adapters are directories (adapters.py)
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    return [str(p) for p in stale]
+    return sorted(str(p) for p in stale)
 
 
 def this_node() -> str | None:
@@ -101,8 +118,51 @@ def this_node() -> str | None:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _sweep_node_files(dry_run: bool, own_tag: str) -> list[str]:
-    return sweep_local_files(dry_run, own_tag)
+def _sweep_node_files(dry_run: bool, own_tag: str, only_tag: str = "") -> list[str]:
+    return sweep_local_files(dry_run, own_tag, only_tag)
+
+
+def _sweep_files(report: SweepReport, own_tag: str = "", only_tag: str = "") -> None:
+    """Each alive node's files (/dev/shm is per node; so is a writer's pid)."""
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    here = this_node()
+    tasks = {n["NodeID"]: _sweep_node_files.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+    ).remote(report.dry_run, own_tag, only_tag) for n in nodes if n["NodeID"] != here}
+    found = dict(zip(tasks, ray.get(list(tasks.values()), timeout=120)))
+    if here is not None and any(n["NodeID"] == here for n in nodes):
+        found[here] = sweep_local_files(report.dry_run, own_tag, only_tag)
+    report.files = [f"{n['NodeManagerAddress']}:{p}" for n in nodes for p in found[n["NodeID"]]]
+
+
+def owner_alive(driver_name: str, namespace: str) -> bool:
+    """Whether the job's driver actor still lives: Ray drops the name of a dead
+    non-detached actor, so a lookup that finds no such actor is a dead owner (a call
+    that failed with an `ActorUnavailableError` alone is not: the link may come back;
+    nor is a lookup the GCS did not answer)."""
+    try:
+        ray.get_actor(driver_name, namespace=namespace)
+    except ValueError:
+        return False
+    except Exception:  # noqa: BLE001 - the GCS did not answer: not known dead, nothing removed
+        return True
+    return True
+
+
+def reap(tag: str, dry_run: bool = False) -> SweepReport:
+    """Remove what the dead job tagged `tag` owned and nothing else: its Serve app and
+    its files on every node (and any node's reward-check dirs of dead processes). Run
+    by that job's own replicas, each once, when they find its driver gone: the app's
+    deletion is only requested (Serve's controller deletes it, this replica included,
+    after this returns: a replica that waited for its own deletion would wait forever),
+    and every step is harmless when another replica has done it already."""
+    from ray import serve
+
+    report = SweepReport(dry_run, apps=[Owned(tag).app_name])
+    if not dry_run:
+        serve.delete(Owned(tag).app_name, _blocking=False)  # a no-op for an app already gone
+    _sweep_files(report, only_tag=tag)
+    return report
 
 
 def sweep(dry_run: bool = False, own_tag: str = "") -> SweepReport:
@@ -118,15 +178,7 @@ def sweep(dry_run: bool = False, own_tag: str = "") -> SweepReport:
         for app in report.apps:
             delete_app(app)  # returns once its replicas are gone
 
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    here = this_node()
-    tasks = {n["NodeID"]: _sweep_node_files.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-    ).remote(dry_run, own_tag) for n in nodes if n["NodeID"] != here}
-    found = dict(zip(tasks, ray.get(list(tasks.values()), timeout=120)))
-    if here is not None and any(n["NodeID"] == here for n in nodes):
-        found[here] = sweep_local_files(dry_run, own_tag)
-    report.files = [f"{n['NodeManagerAddress']}:{p}" for n in nodes for p in found[n["NodeID"]]]
+    _sweep_files(report, own_tag)
 
     from ray._private import (
         state,  # GCS tables: answer without the dashboard (docstring)

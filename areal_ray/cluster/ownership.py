@@ -13,13 +13,16 @@ creates groups too), so no rule of ours could tell a leaked one safely.
 
 So every such resource carries the job's *tag* in its name, and the job's driver actor
 (`areal-driver-<tag>`, non-detached: Ray ends it with the job's process) is the owner
-record: a tag without a live driver actor belongs to a dead job, and whatever runs next
-(the next job's start-up sweep, `python -m jobs.cleanup`) removes what it owned. Weight
+record: a tag without a live driver actor belongs to a dead job, and what notices first
+removes what it owned: the job's own rollout replicas, whose calls to the driver fail the
+moment it dies (`cleanup.reap`, within seconds and with nobody's help), else the next
+job's start-up sweep or `python -m jobs.cleanup` (a cluster that died with the job). Weight
 files also carry the writer's pid, so a restarted trainer of a live job removes the
 files of the incarnation before it, and the cluster's GCS port: several clusters on one
 machine share its /dev/shm (a dev box, parallel CI), and only the cluster whose actors
 are asked can say whether a tag is alive, so a sweep judges its own cluster's files
-only. (Files of a cluster that is gone altogether stay until a cluster on that port
+only. A vLLM engine's IPC socket dir is named the same way; a reward check's program dir
+carries only its maker's pid (a check removes its own; only a killed process leaves one). (Files of a cluster that is gone altogether stay until a cluster on that port
 sweeps, or `ray stop` and a reboot.)
 
 The decisions are here, pure and table-tested; `areal_ray/cluster/cleanup.py` looks at
@@ -37,9 +40,13 @@ from dataclasses import dataclass
 
 DRIVER_PREFIX = "areal-driver-"
 APP_PREFIX = "areal-rollout-"
-FILE_KINDS = ("weights", "vllm")  # the trainer's shm slots; a vLLM replica's staged file
+# The trainer's shm slots; a vLLM replica's staged file; a vLLM engine's directory of
+# ZMQ IPC sockets (VLLM_RPC_BASE_PATH, in the temp dir): each named as Owned.weight_file
+FILE_KINDS = ("weights", "vllm", "ipc")
+SANDBOX_PREFIX = "areal-sandbox-"  # a reward check's program dir (reward/sandbox.py)
 _TAG = r"[0-9a-f]{8}"
 _FILE = re.compile(rf"^areal-({'|'.join(FILE_KINDS)})-(\d+)-({_TAG})-(\d+)-[^/]+$")
+_SANDBOX = re.compile(rf"^{SANDBOX_PREFIX}(\d+)-[^/]+$")
 PG_CLEANER_CLASS = "PlacementGroupCleaner"  # Ray Train v2's detached per-controller cleaner
 
 
@@ -128,6 +135,31 @@ def stale_files(names: Iterable[str], cluster: int, live: frozenset[str],
         if tag not in live or (tag == own_tag and not pid_alive(pid)):
             out.append(n)
     return sorted(out)
+
+
+def owned_by(names: Iterable[str], tag: str) -> list[str]:
+    """The names of `names` that the job tagged `tag` owns: what an owner watch removes
+    once that job's driver is gone (and nothing of another job, dead or alive)."""
+    out = []
+    for n in names:
+        if (t := tag_of_app(n)) is None and (parsed := parse_weight_file(n)) is not None:
+            t = parsed[1]
+        if t == tag:
+            out.append(n)
+    return sorted(out)
+
+
+def sandbox_dir_prefix(pid: int) -> str:
+    """The prefix of a reward check's program dir made by process `pid`: the pid lets a
+    sweep tell the dir of a killed reward process from one of a check still running."""
+    return f"{SANDBOX_PREFIX}{pid}-"
+
+
+def stale_sandbox_dirs(names: Iterable[str], pid_alive: Callable[[int], bool]) -> list[str]:
+    """Reward-check dirs of this node whose maker is dead: a check removes its own dir
+    when it ends (a `finally`), so one is left only by a killed reward process. Dirs
+    without a pid (another program's, or older ones) are not ours to judge."""
+    return sorted(n for n in names if (m := _SANDBOX.match(n)) and not pid_alive(int(m[1])))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -47,7 +48,16 @@ class PlacementError(ConfigError):
 
 
 def cluster_nodes() -> list[Node]:
-    return [Node.from_ray(n) for n in ray.nodes() if n.get("Alive")]
+    return nodes_of([n for n in ray.nodes() if n.get("Alive")])
+
+
+def nodes_of(infos: list[dict]) -> list[Node]:
+    """`ray.nodes()` entries as the planner's nodes, each named by its address, and by
+    its node id too where several share one (raylets of one machine)."""
+    nodes = [Node.from_ray(n) for n in infos]
+    seen = [n.name for n in nodes]
+    return [replace(n, name=f"{n.name} ({info.get('NodeID', '?')[:8]})")
+            if seen.count(n.name) > 1 else n for n, info in zip(nodes, infos)]
 
 
 def check_placement(cfg, shape=None, nodes: list[Node] | None = None,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from areal_ray.cluster.roles import RESERVED, NodeRequirement
 from areal_ray.train.memory import DTYPE_BYTES, GIB, DecoderShape, lora_kwargs, trainer_memory
 
 MARGIN = 0.1  # of each GPU left free: fragmentation, NCCL buffers, what no model counts
@@ -52,13 +53,18 @@ class Node:
     cpus: float
     gpus: int
     gpu_memory_gib: float = 0.0  # 0: unknown (Ray does not report it)
+    resources: dict = field(default_factory=dict)  # custom resources (roles.py)
+    labels: dict = field(default_factory=dict)  # Ray node labels
 
     @classmethod
     def from_ray(cls, info: dict) -> Node:
         """A node of `ray.nodes()`."""
         res = info.get("Resources", {})
+        custom = {k: float(v) for k, v in res.items() if k not in RESERVED
+                  and not k.startswith(("node:", "accelerator_type:"))}
         return cls(info.get("NodeManagerAddress") or info.get("NodeID", "?")[:8],
-                   float(res.get("CPU", 0)), int(res.get("GPU", 0)))
+                   float(res.get("CPU", 0)), int(res.get("GPU", 0)),
+                   resources=custom, labels=dict(info.get("Labels") or {}))
 
 
 def cluster_shape(nodes: int = 1, cpus: float = 16, gpus: int = 1,
@@ -73,10 +79,12 @@ class Demand:
     cpus: float
     gpus: float
     count: int
+    needs: NodeRequirement = field(default_factory=NodeRequirement)  # the role's node type
 
     def label(self) -> str:
         gpu = f", {self.gpus:g} GPU" if self.gpus else ""
-        return f"{self.count} {self.role}{'s' if self.count != 1 else ''} x ({self.cpus:g} CPU{gpu})"
+        pinned = f", {self.needs.describe()}" if self.needs.describe() else ""
+        return f"{self.count} {self.role}{'s' if self.count != 1 else ''} x ({self.cpus:g} CPU{gpu}{pinned})"
 
 
 REPLICA, TRAINER, REWARD = "rollout replica", "trainer worker", "reward actor"
@@ -87,11 +95,12 @@ def demands(cfg, training: bool = True) -> list[Demand]:
     eval job, replicas alone). The driver actor, the Data stages that call the replicas
     and the OpenAI endpoint take no CPU."""
     r, t = cfg.rollout, cfg.train
+    replicas = Demand(REPLICA, r.num_cpus, r.num_gpus, r.min_replicas, NodeRequirement.of(r))
     if not training:
-        return [Demand(REPLICA, r.num_cpus, r.num_gpus, r.min_replicas)]
-    return [Demand(REPLICA, r.num_cpus, r.num_gpus, r.min_replicas),
+        return [replicas]
+    return [replicas,
             Demand(TRAINER, t.num_cpus_per_worker, t.num_gpus_per_worker if t.use_gpu else 0.0,
-                   t.num_workers),
+                   t.num_workers, NodeRequirement.of(t)),
             Demand(REWARD, cfg.reward.num_cpus, 0.0, cfg.reward.min_actors)]
 
 
@@ -109,10 +118,12 @@ class _Free:
     node: Node
     cpus: float
     gpus: list[float]  # free share of each GPU
+    resources: dict = field(default_factory=dict)  # free custom resources
 
     def take(self, d: Demand) -> tuple[int, ...] | None:
         eps = 1e-9
-        if self.cpus + eps < d.cpus:
+        if self.cpus + eps < d.cpus or not d.needs.matches(
+                {k: v + eps for k, v in self.resources.items()}, self.node.labels):
             return None
         if d.gpus >= 1:
             whole = [i for i, f in enumerate(self.gpus) if f >= 1 - eps][:int(d.gpus)]
@@ -127,6 +138,8 @@ class _Free:
         else:
             got = ()
         self.cpus -= d.cpus
+        for k, v in d.needs.resources.items():
+            self.resources[k] -= v
         for i in got:
             self.gpus[i] -= min(d.gpus, 1.0)
         return got
@@ -152,7 +165,7 @@ class Placement:
 
 
 def place(needs: list[Demand], nodes: list[Node]) -> Placement:
-    free = [_Free(n, n.cpus, [1.0] * n.gpus) for n in nodes]
+    free = [_Free(n, n.cpus, [1.0] * n.gpus, dict(n.resources)) for n in nodes]
     out = Placement(nodes)
     for d in needs:
         for i in range(d.count):
@@ -178,6 +191,16 @@ def placement_error(needs: list[Demand], p: Placement) -> str:
              f"{want_cpu:g} CPU ({'; '.join(d.label() for d in needs if d.count)}); the cluster has "
              f"{sum(n.gpus for n in p.nodes)} GPU and {sum(n.cpus for n in p.nodes):g} CPU ({have}).",
              "Could not place: " + ", ".join(f"{k} x{v}" for k, v in missing.items()) + "."]
+    for d in {d.role: d for d, _ in p.unplaced}.values():
+        if d.needs.describe():  # a role pinned to a node type: which nodes are of it
+            hosts = [n.name for n in p.nodes if d.needs.matches(n.resources, n.labels)]
+            lines.append(f"{d.role}s need nodes with {d.needs.describe()}: "
+                         + (f"only {', '.join(hosts)} {'has' if len(hosts) == 1 else 'have'} them"
+                            if hosts else "no node has them (ray start --resources / --labels)")
+                         + "; nodes: " + "; ".join(
+                             f"{n.name} ({', '.join(f'{k}={v:g}' for k, v in n.resources.items()) or 'no custom resources'}"
+                             f"{', labels ' + ', '.join(f'{k}={v}' for k, v in n.labels.items()) if n.labels else ''})"
+                             for n in p.nodes) + ".")
     if any(d.gpus for d in needs):
         lines.append("Fewer replicas or workers (rollout.min_replicas, train.num_workers), or "
                      "fractional GPUs (rollout.num_gpus, train.num_gpus_per_worker) sharing a "

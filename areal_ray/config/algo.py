@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from areal_ray.algo.corrections import CORRECTIONS, OFF, bounds
 from areal_ray.algo.losses import DEFAULT as DEFAULT_LOSS
 from areal_ray.config.choices import (
     AdvEstimator,
     AdvNorm,
+    CorrectionMode,
     ImportanceLevel,
     KlEstimator,
     LrSchedule,
@@ -21,6 +23,26 @@ from areal_ray.config.choices import (
     ProxLogp,
 )
 from areal_ray.config.section import opt, require, section
+
+# Losses that apply `algo.loss.correction` (a loss of your own reads cfg.correction itself).
+CORRECTION_LOSSES = ("decoupled_ppo", "cispo")
+
+
+@dataclass(kw_only=True)
+class CorrectionConfig:
+    mode: CorrectionMode = opt(CorrectionMode(OFF), "training/inference mismatch correction of the behaviour weight w = pi_prox/pi_behav (docs/architecture.md): off (w with behav_imp_weight_cap) | token_tis | seq_tis | token_mis | seq_mis | geo_mis | icepop; any mode replaces behav_imp_weight_cap")
+    is_threshold: float = opt(2.0, "TIS truncation C: weights above it are set to it (verl rollout_is_threshold, default 2.0); also the default mask upper bound of token_mis and seq_mis")
+    rs_threshold: float | None = opt(None, "mask upper bound (verl rollout_rs_threshold); null: the mode's default (icepop 5, geo_mis 1.001, else is_threshold)")
+    rs_threshold_lower: float | None = opt(None, "mask lower bound (verl rollout_rs_threshold_lower); null: icepop 0.5, else 1 / the upper bound")
+
+    def check(self) -> None:
+        require(self.is_threshold > 0, "algo.loss.correction.is_threshold must be > 0")
+        if self.mode == OFF:
+            return
+        lower, upper = bounds(CORRECTIONS[self.mode], self.is_threshold, self.rs_threshold,
+                              self.rs_threshold_lower)
+        require(0 < lower <= upper, f"algo.loss.correction: the mask band [{lower}, {upper}] of "
+                f"mode={self.mode} is empty or not positive; set rs_threshold_lower <= rs_threshold")
 
 
 @dataclass(kw_only=True)
@@ -35,10 +57,31 @@ class LossConfig:
     prox_logp: ProxLogp = opt(ProxLogp.recompute, "proximal logprobs with several minibatches: recompute (a no-grad forward) | loglinear (AReaL's approximation)")
     kl_coef: float = opt(0.0, "weight of a KL(pi_theta || pi_ref) loss term against the initial model; 0: no reference model")
     kl_estimator: KlEstimator = opt(KlEstimator.k3, "KL estimator for kl_coef: k1 | k2 | k3")
+    entropy_coef: float = opt(0.0, "entropy bonus: loss -= entropy_coef * mean token entropy of the policy on trained tokens (with gradient); 0: off (the entropy is still recorded)")
+    cispo_eps_low: float = opt(0.0, "name=cispo: the IS weight is clipped to [1 - cispo_eps_low, 1 + cispo_eps_high] (SkyRL's cispo_eps_clip_low, default 0)")
+    cispo_eps_high: float = opt(5.0, "name=cispo: upper clip offset (SkyRL's cispo_eps_clip_high, default 5)")
+    correction: CorrectionConfig = section(CorrectionConfig, "training/inference mismatch correction (TIS, masked IS, IcePop)")
 
     def check(self) -> None:
         require(self.dual_clip is None or self.dual_clip > 1, "algo.loss.dual_clip must be > 1 or null")
         require(self.kl_coef >= 0, "algo.loss.kl_coef must be >= 0")
+        require(self.entropy_coef >= 0, "algo.loss.entropy_coef must be >= 0")
+        require(0 <= self.cispo_eps_low <= 1 and self.cispo_eps_high >= 0,
+                "algo.loss.cispo_eps_low must be in [0, 1] and cispo_eps_high >= 0")
+        mode = self.correction.mode
+        if mode != OFF:
+            require(self.decoupled, f"algo.loss.correction.mode={mode} needs algo.loss.decoupled=true: "
+                    "without the recomputed proximal policy the behaviour weight is 1 and there is "
+                    "nothing to correct")
+            require(self.name in CORRECTION_LOSSES,
+                    f"algo.loss.correction.mode={mode} is applied by the losses {CORRECTION_LOSSES}, "
+                    f"not by algo.loss.name={self.name}; set mode=off or one of those losses")
+        if self.name == "cispo":
+            require(self.importance_level == "token",
+                    "algo.loss.name=cispo is a token-level objective; algo.loss.importance_level="
+                    "sequence (GSPO) does not apply to it: use importance_level=token")
+            require(self.dual_clip is None, "algo.loss.name=cispo has no dual clip: set "
+                    "algo.loss.dual_clip=null (its clip is cispo_eps_low/cispo_eps_high)")
 
 
 @dataclass(kw_only=True)

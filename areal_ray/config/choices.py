@@ -17,6 +17,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from areal_ray.algo.corrections import CORRECTIONS, OFF
 from areal_ray.algo.losses import LOSSES
 from areal_ray.rollout.engines.registry import ENGINES
 
@@ -35,6 +36,10 @@ RolloutBackend = Choice("RolloutBackend", {name: name for name in ENGINES})
 
 # One member per policy loss in its registry (torch-free "module:function" names).
 PolicyLoss = Choice("PolicyLoss", {name: name for name in LOSSES})
+
+
+# "off" and one member per mismatch correction in its table (algo/corrections.py).
+CorrectionMode = Choice("CorrectionMode", {name: name for name in (OFF, *CORRECTIONS)})
 
 
 class Batching(Choice):

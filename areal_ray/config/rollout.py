@@ -76,6 +76,8 @@ class RolloutConfig:
     max_batch_size: int = opt(128, "most sequences in one engine batch")
     num_cpus: float = opt(1.0, "CPUs reserved per rollout replica")
     num_gpus: float = opt(0.0, "GPUs reserved per rollout replica (sglang: 1)")
+    resources: dict = opt({}, "custom Ray resources each replica asks for, e.g. {inference: 1}: it runs only on nodes started with them (ray start --resources; areal_ray/cluster/roles.py)")
+    node_labels: dict = opt({}, "Ray node label selector for the replicas, e.g. {pool: inference} or {market: '!spot'}: they run only on matching nodes (ray start --labels)")
     release_memory: bool = opt(False, "free the engine's GPU memory (KV cache; vLLM sleep mode, sglang memory saver) while the trainer steps, restored at the weight push: for a replica that shares its GPU with a trainer worker (one-GPU layout). Generation pauses during steps, so eta buys nothing there")
     engine_kwargs: dict = opt({}, "extra keyword arguments of the engine (vllm: kv_cache_mb, enforce_eager, prefix_caching or any AsyncEngineArgs field; sglang: sglang.Engine server args, e.g. mem_fraction_static)")
     group_size: int = opt(8, "samples per prompt (the GRPO group)")
@@ -86,9 +88,15 @@ class RolloutConfig:
     workflow: str = opt("areal_ray.rollout.workflows.base.SingleTurnWorkflow", "the RolloutWorkflow class that turns one dataset row into a trained trajectory group, by dotted path (docs/workflows.md); a user's own plugs in here")
     workflow_kwargs: dict = opt({}, "keyword arguments of the workflow's constructor")
     episode_timeout_s: float = opt(1800.0, "deadline of one row's episode, from its admission: a later one is abandoned and its row rejected (as a workflow's rejection: counted once, tickets stay in order), so one episode that never returns cannot stall training, which waits for every ticket in order; 0: no deadline. Generous by default: an episode may legitimately wait out weight pushes and, with release_memory, whole training steps")
+    episode_deadline_factor: float = opt(5.0, "once rollout.episode_deadline_warmup episodes have finished, an episode is abandoned after this many times the p99 of the recent episodes' durations (at least rollout.episode_deadline_floor_s, at most rollout.episode_timeout_s; none when that is 0), so a stuck one is noticed at the pace of the run; 0: rollout.episode_timeout_s alone")
+    episode_deadline_floor_s: float = opt(120.0, "the shortest deadline the recent episodes' durations may set (rollout.episode_deadline_factor)")
+    episode_deadline_warmup: int = opt(64, "episodes finished before their durations set the deadline (rollout.episode_deadline_factor); until then rollout.episode_timeout_s alone")
     openai: OpenAIEndpointConfig = section(OpenAIEndpointConfig, "the OpenAI-compatible endpoint for agent workflows")
 
     def check(self) -> None:
+        from areal_ray.cluster.roles import NodeRequirement
+        why = NodeRequirement.of(self).problem("rollout")
+        require(why is None, why or "")
         require(self.group_size >= 1, "rollout.group_size must be >= 1")
         require(self.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
         require(self.temperature > 0, "rollout.temperature must be > 0 for training rollouts")
@@ -100,3 +108,11 @@ class RolloutConfig:
         require(self.target_ongoing_requests >= 0, "rollout.target_ongoing_requests must be >= 0")
         require(self.episode_timeout_s >= 0,
                 f"rollout.episode_timeout_s must be >= 0 (0: no deadline), got {self.episode_timeout_s}")
+        require(self.episode_deadline_factor >= 0,
+                f"rollout.episode_deadline_factor must be >= 0 (0: rollout.episode_timeout_s alone), "
+                f"got {self.episode_deadline_factor}")
+        require(self.episode_deadline_factor == 0 or self.episode_deadline_factor >= 1,
+                f"rollout.episode_deadline_factor={self.episode_deadline_factor} would abandon "
+                "episodes the run counts as normal: use 0 (off) or a value >= 1")
+        require(self.episode_deadline_floor_s >= 0, "rollout.episode_deadline_floor_s must be >= 0")
+        require(self.episode_deadline_warmup >= 1, "rollout.episode_deadline_warmup must be >= 1")

@@ -20,6 +20,7 @@ class TaskConfig:
     n_eval: int = opt(256, "held-out problems evaluated before and after training")
     seed: int = opt(0, "seed of the embedded task's problems and of the per-epoch shuffle")
     shuffle_window: int = opt(10_000, "per-epoch shuffle of a dataset file: rows are permuted within windows of this many consecutive rows, and files among themselves (a smaller dataset is shuffled whole; docs/data.md)")
+    max_row_bytes: int = opt(1 << 20, "largest dataset row, in bytes (a jsonl line; a parquet or arrow row's text fields): a larger one is an error naming its file and row, found before the run for jsonl files; 0: no limit")
     max_steps_per_problem: int = opt(8, "longest chain of the embedded arithmetic task (task.embedded=arith)")
     chain_p_stop: float = opt(0.35, "embedded arith task: chains have 1 + Geometric(chain_p_stop) steps (capped at max_steps_per_problem); smaller means a longer tail of output lengths")
     chain_median_steps: float = opt(5.0, "embedded chain_arith task: median number of steps of its log-normal step count")
@@ -28,6 +29,7 @@ class TaskConfig:
 
     def check(self) -> None:
         require(self.shuffle_window >= 1, "task.shuffle_window must be >= 1")
+        require(self.max_row_bytes >= 0, "task.max_row_bytes must be >= 0 (0: no limit)")
         require(0 < self.chain_p_stop <= 1, "task.chain_p_stop must be in (0, 1]")
         require(self.chain_median_steps >= 1, "task.chain_median_steps must be >= 1")
         require(self.chain_sigma >= 0, "task.chain_sigma must be >= 0")

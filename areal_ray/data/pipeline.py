@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 import ray
 from ray.data import ActorPoolStrategy
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
+from areal_ray.data.deadline import EpisodeDeadline
 from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
 from areal_ray.reward.sandbox import ENV as SANDBOX_ENV
@@ -83,14 +85,17 @@ def _forget(left_behind: set):
 class AdmittedEpisodes:
     """Admission around the rollout workflow, per row: a ticket from the driver's
     staleness gate (waiting while it is full), the workflow's episode through the
-    engine client within `timeout_s` of the admission, the driver told the group
-    finished (exactly once, however the episode ended), then the ticket, admitted
-    version and stream position written into the group. `driver` is the driver
-    actor's handle (anything whose `acquire`/`finish` `.remote(...)` is awaitable)."""
+    engine client within its deadline from the admission (`deadline`, else a fixed
+    `timeout_s`: deadline.py), the driver told the group finished (exactly once,
+    however the episode ended), then the ticket, admitted version and stream position
+    written into the group. `driver` is the driver actor's handle (anything whose
+    `acquire`/`finish` `.remote(...)` is awaitable)."""
 
-    def __init__(self, driver, client, workflow, generation: int = 0, timeout_s: float = 0.0):
+    def __init__(self, driver, client, workflow, generation: int = 0, timeout_s: float = 0.0,
+                 deadline: EpisodeDeadline | None = None):
         self.driver, self.client, self.workflow = driver, client, workflow
-        self.generation, self.timeout_s = generation, timeout_s
+        self.generation = generation
+        self.deadline = deadline if deadline is not None else EpisodeDeadline(timeout_s)
         self.abandoned = 0  # episodes past their deadline, in this process
         self.left_behind: set[asyncio.Task] = set()  # those of them still unwinding
 
@@ -105,21 +110,22 @@ class AdmittedEpisodes:
         if admitted is None:  # run closed, an old pipeline, or consumed before resume
             return None
         ticket, version = admitted
+        timeout_s, t0 = self.deadline.timeout_s(), time.monotonic()
         try:
             group = await before_deadline(self.workflow.arun_episode(self.client, row),
-                                          self.timeout_s, self.left_behind)
+                                          timeout_s, self.left_behind)
+            took = time.monotonic() - t0
         finally:
             await self.driver.finish.remote(self.generation)
         if group is LATE:
             self.abandoned += 1
-            logger.warning("the episode of prompt %s (uid %s) passed rollout.episode_timeout_s="
-                           "%g: abandoned, its row rejected (%d so far)", row["pos"],
-                           row.get("uid"), self.timeout_s, self.abandoned)
-            group = abandoned(row, self.timeout_s)
-        elif group is None:
-            group = group_of(row, [])
+            logger.warning("the episode of prompt %s (uid %s) passed its deadline, %s: abandoned, "
+                           "its row rejected (%d so far)", row["pos"], row.get("uid"),
+                           self.deadline.describe(timeout_s), self.abandoned)
+            group = abandoned(row, timeout_s)
         else:
-            group = check_episode(group, self.workflow)
+            self.deadline.observe(took)
+            group = group_of(row, []) if group is None else check_episode(group, self.workflow)
         group.ticket, group.admitted_version, group.pos = ticket, version, row["pos"]
         return group
 
@@ -131,7 +137,7 @@ class RolloutStage:
     def __init__(self, driver_name: str, namespace: str, app_name: str,
                  deployment_name: str, episode: EpisodeConfig, generation: int = 0,
                  workflow: str = SINGLE_TURN, workflow_kwargs: dict | None = None,
-                 episode_timeout_s: float = 0.0):
+                 episode_timeout_s: float = 0.0, deadline: EpisodeDeadline | None = None):
         # Token ids in and out: the rollout app encodes the prompt and decodes the
         # outputs, so this stage (and Ray Data's coordinator and Ray Train's controller,
         # which unpickle this module) never imports transformers or torch.
@@ -139,7 +145,7 @@ class RolloutStage:
             ray.get_actor(driver_name, namespace=namespace),
             EngineClient.for_app(app_name, deployment_name),
             build_workflow(workflow, episode, workflow_kwargs),
-            generation, episode_timeout_s)
+            generation, episode_timeout_s, deadline)
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict:
         tickets, groups = [], []
@@ -155,6 +161,12 @@ class RolloutStage:
         return {"ticket": np.array(tickets, dtype=np.int64), "group": np.array(groups, dtype=object)}
 
 
+def episode_deadline(rollout) -> EpisodeDeadline:
+    """The rollout stage's episode deadline from `rollout.*` (deadline.py)."""
+    return EpisodeDeadline(rollout.episode_timeout_s, rollout.episode_deadline_factor,
+                           rollout.episode_deadline_floor_s, rollout.episode_deadline_warmup)
+
+
 def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
                    app_name: str, deployment_name: str, generation: int = 0) -> ray.data.Dataset:
     ds = prompt_dataset(stream, driver_name, namespace, generation)
@@ -166,7 +178,8 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
             app_name=app_name, deployment_name=deployment_name,
             episode=EpisodeConfig.from_config(cfg), generation=generation,
             workflow=cfg.rollout.workflow, workflow_kwargs=dict(cfg.rollout.workflow_kwargs),
-            episode_timeout_s=cfg.rollout.episode_timeout_s),
+            episode_timeout_s=cfg.rollout.episode_timeout_s,
+            deadline=episode_deadline(cfg.rollout)),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
                                   max_concurrent_calls_per_actor=concurrent),
         # a workflow's python tool runs code in the reward sandbox, in the mode the run

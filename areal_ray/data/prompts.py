@@ -122,16 +122,24 @@ def read_prompts(spec: str | Path, fields: Fields = PLAIN) -> list[dict]:
 
 
 def embedded_rows(seed: int, n: int, task) -> list[dict]:
-    """`n` rows of the embedded task `task.embedded` from `seed` (train and eval seeds differ)."""
+    """`n` rows of the embedded task `task.embedded` from `seed` (train and eval seeds
+    differ); `task.prompt_template` wraps each prompt (a chat model's user turn:
+    conf/quickstart_bpe.yaml)."""
     if task.embedded == "tool_arith":
         split = tool_arith.make_split(seed, n)
     elif task.embedded == "chain_arith":
         split = chains.make_split(seed, n, task.chain_median_steps, task.chain_sigma,
                                   task.chain_max_steps)
-        return [chains.to_row(p, f"{task.embedded}-{seed}-{i}") for i, p in enumerate(split)]
     else:
         split = arith.make_split(seed, n, task.max_steps_per_problem, p_stop=task.chain_p_stop)
-    return [p.to_row(f"{task.embedded}-{seed}-{i}") for i, p in enumerate(split)]
+    uids = [f"{task.embedded}-{seed}-{i}" for i in range(len(split))]
+    if task.embedded == "chain_arith":
+        rows = [chains.to_row(p, uid) for p, uid in zip(split, uids)]
+    else:
+        rows = [p.to_row(uid) for p, uid in zip(split, uids)]
+    for r in rows if task.prompt_template else []:
+        r["prompt"] = _prompt(r, r["uid"], task.prompt_template)
+    return rows
 
 
 def train_stream(task, n_needed: int, verifiers: tuple[str, ...] = BUILT_IN):
@@ -141,7 +149,7 @@ def train_stream(task, n_needed: int, verifiers: tuple[str, ...] = BUILT_IN):
     if not task.train_path:
         return rows_stream(embedded_rows(EMBEDDED_TRAIN_SEED + task.seed, n_needed, task))
     return file_stream(task.train_path, n_needed, task.seed, task.shuffle_window,
-                       Fields.of(task, verifiers))
+                       Fields.of(task, verifiers), task.max_row_bytes)
 
 
 def train_rows(task, n_needed: int) -> list[dict]:
@@ -154,7 +162,8 @@ def eval_rows(task, verifiers: tuple[str, ...] = BUILT_IN) -> list[dict]:
     if not task.eval_path:
         return embedded_rows(EMBEDDED_EVAL_SEED + task.seed, task.n_eval, task)
     fields = Fields.of(task, verifiers)
-    rows = [check_row(row, where, fields) for where, row in islice(iter_rows(task.eval_path), task.n_eval)]
+    rows = [check_row(row, where, fields)
+            for where, row in islice(iter_rows(task.eval_path, task.max_row_bytes), task.n_eval)]
     if not rows:
         raise DatasetError(f"{task.eval_path}: no rows")
     return rows

@@ -12,6 +12,13 @@ Files are read lazily, a record batch (or a line) at a time, and `count_rows` co
 without parsing rows (parquet footers, arrow batch headers, non-blank lines), so a
 million-row dataset is never held whole by the job: the prompt stream (stream.py)
 reads it in Ray Data read tasks.
+
+A jsonl file's count is a full scan before the run, so it is also where the file's
+own problems are found: a byte that is not UTF-8, a line longer than the row limit
+(`task.max_row_bytes`). The scan and the reader share one idea of a line
+(`jsonl_lines`): a line the reader would skip as blank (whitespace only, Unicode's
+too, such as U+3000) is not counted either, or the stream would fall short of its
+count mid-run.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 Located = tuple[str, object]  # (place, row as read)
@@ -32,23 +40,70 @@ class DatasetError(ValueError):
 
 
 BATCH_ROWS = 8192  # rows decoded at a time from a parquet or arrow file
+# A prompt row far beyond any context window is a broken file (a whole document in one
+# field, a missing newline), and each one is held, parsed and shipped whole.
+MAX_ROW_BYTES = 1 << 20
 
 
-def iter_jsonl(path: Path) -> Iterator[Located]:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def too_large(where: str, size: int, limit: int) -> DatasetError:
+    return DatasetError(f"{where}: a row of {size} bytes ({_mib(size)}) is over task.max_row_bytes="
+                        f"{limit} ({_mib(limit)}); shorten or drop it, or raise task.max_row_bytes")
+
+
+def jsonl_lines(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line of `path` that holds a row: blank ones (only
+    whitespace, as `str.strip` sees it) skipped; a byte that is not UTF-8 or a line over
+    `max_row_bytes` (0: no limit) is a DatasetError naming the line. Read a line at a
+    time in binary, so a bad byte is named (with its offset in the file) rather than
+    surfacing as a decoder's traceback."""
+    offset = 0
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            size = len(raw.rstrip(b"\r\n"))
+            if max_row_bytes and size > max_row_bytes:
+                raise too_large(f"{path}:{i}", size, max_row_bytes)
             try:
-                yield f"{path}:{i}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(
+                    f"{path}:{i}: byte {raw[e.start:e.start + 1].hex(' ')} at offset {offset + e.start} "
+                    f"of the file (column {e.start + 1} of the line) is not UTF-8 ({e.reason}); "
+                    "re-encode the file as UTF-8") from e
+            offset += len(raw)
+            if text.strip():
+                yield i, text
 
 
-def _batch_rows(path: Path, batches) -> Iterator[Located]:
+def iter_jsonl(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Located]:
+    for i, line in jsonl_lines(path, max_row_bytes):
+        try:
+            yield f"{path}:{i}", json.loads(line.strip())  # Unicode spaces around a row too
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+
+
+def _row_sizes(batch: pa.RecordBatch) -> list[int]:
+    """Bytes of each row's top-level text and binary values (what makes a row large)."""
+    sizes = [0] * batch.num_rows
+    for col in batch.columns:
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) \
+                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+            lengths = pc.binary_length(col).fill_null(0).to_pylist()
+            sizes = [a + b for a, b in zip(sizes, lengths)]
+    return sizes
+
+
+def _batch_rows(path: Path, batches, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Located]:
     i = 0
     for batch in batches:
-        for row in batch.to_pylist():
+        sizes = _row_sizes(batch) if max_row_bytes else [0] * batch.num_rows
+        for row, size in zip(batch.to_pylist(), sizes):
+            if size > max_row_bytes:
+                raise too_large(f"{path}[row {i}]", size, max_row_bytes)
             yield f"{path}[row {i}]", row
             i += 1
 
@@ -62,9 +117,10 @@ def _parquet(path: Path) -> pq.ParquetFile:
         raise DatasetError(f"{path}: cannot read as parquet ({e})") from e
 
 
-def iter_parquet(path: Path) -> Iterator[Located]:
+def iter_parquet(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Located]:
     try:
-        yield from _batch_rows(path, _parquet(path).iter_batches(batch_size=BATCH_ROWS))
+        yield from _batch_rows(path, _parquet(path).iter_batches(batch_size=BATCH_ROWS),
+                               max_row_bytes)
     except (pa.ArrowException, OSError) as e:
         raise DatasetError(f"{path}: cannot read as parquet ({e})") from e
 
@@ -85,18 +141,18 @@ def _arrow_batches(path: Path) -> Iterator[pa.RecordBatch]:
         raise DatasetError(f"{path}: cannot read as arrow ({e})") from e
 
 
-def iter_arrow(path: Path) -> Iterator[Located]:
-    yield from _batch_rows(path, _arrow_batches(path))
+def iter_arrow(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Located]:
+    yield from _batch_rows(path, _arrow_batches(path), max_row_bytes)
 
 
-def count_rows(path: Path) -> int:
-    """Rows that reading `path` yields, without decoding them."""
+def count_rows(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> int:
+    """Rows that reading `path` yields, without parsing them; a jsonl file is scanned
+    whole, so its encoding and line sizes are checked here (`jsonl_lines`)."""
     if path.suffix == ".parquet":
         return _parquet(path).metadata.num_rows
     if path.suffix == ".arrow":
         return sum(b.num_rows for b in _arrow_batches(path))
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
+    return sum(1 for _ in jsonl_lines(path, max_row_bytes))
 
 
 READERS = {".jsonl": iter_jsonl, ".parquet": iter_parquet, ".arrow": iter_arrow}
@@ -139,16 +195,16 @@ def resolve(spec: str | Path) -> list[Path]:
     return files
 
 
-def iter_rows(spec: str | Path) -> Iterator[Located]:
+def iter_rows(spec: str | Path, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Located]:
     """Every row of every file that `spec` names, each with its place, read lazily."""
     for f in resolve(spec):
-        yield from READERS[f.suffix](f)
+        yield from READERS[f.suffix](f, max_row_bytes)
 
 
-def read_rows(spec: str | Path) -> list[Located]:
+def read_rows(spec: str | Path, max_row_bytes: int = MAX_ROW_BYTES) -> list[Located]:
     """Every row of every file that `spec` names, each with its place."""
     files = resolve(spec)
-    rows = [row for f in files for row in READERS[f.suffix](f)]
+    rows = [row for f in files for row in READERS[f.suffix](f, max_row_bytes)]
     if not rows:
         where = files[0] if len(files) == 1 else f"{spec} ({len(files)} files)"
         raise DatasetError(f"{where}: no rows")

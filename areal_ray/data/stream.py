@@ -43,7 +43,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from areal_ray.data import block_stats
 from areal_ray.data.prompts import PLAIN, Fields, check_row
-from areal_ray.data.sources import READERS, DatasetError, count_rows, resolve
+from areal_ray.data.sources import MAX_ROW_BYTES, READERS, DatasetError, count_rows, resolve
 
 COLUMNS = ("uid", "prompt", "answer", "verifier")
 SCHEMA = pa.schema([("pos", pa.int64())] + [(c, pa.string()) for c in COLUMNS])
@@ -78,6 +78,7 @@ class PromptStream:
     window: int = 10_000
     shuffle: bool = True
     fields: Fields = PLAIN
+    max_row_bytes: int = MAX_ROW_BYTES
 
     @property
     def n(self) -> int:
@@ -108,7 +109,8 @@ class PromptStream:
         if part.rows:
             yield from enumerate(part.rows)
             return
-        for i, (where, row) in enumerate(READERS[Path(part.path).suffix](Path(part.path))):
+        path = Path(part.path)
+        for i, (where, row) in enumerate(READERS[path.suffix](path, self.max_row_bytes)):
             yield i, check_row(row, where, self.fields)
 
     def read(self, epoch: int, part: Part, take: int,
@@ -140,22 +142,23 @@ class PromptStream:
 
 
 def file_stream(spec: str, n_needed: int, seed: int, window: int,
-                fields: Fields = PLAIN) -> PromptStream:
+                fields: Fields = PLAIN, max_row_bytes: int = MAX_ROW_BYTES) -> PromptStream:
     """The stream of a dataset path. Reads only row counts and the first
     `CHECK_FIRST` rows of each file, so a dataset whose rows the mapping cannot use
     fails here, naming the file and row, before Ray starts; a bad row further on
-    fails the run when it is read, with the same message."""
+    fails the run when it is read, with the same message. A jsonl file's count scans
+    every line, so its encoding and row sizes are checked whole here (sources.py)."""
     parts, offset = [], 0
     for path in resolve(spec):
-        for where, row in islice(READERS[path.suffix](path), CHECK_FIRST):
+        for where, row in islice(READERS[path.suffix](path, max_row_bytes), CHECK_FIRST):
             check_row(row, where, fields)
-        n = count_rows(path)
+        n = count_rows(path, max_row_bytes)
         if n:
             parts.append(Part(offset, n, str(path)))
         offset += n
     if not parts:
         raise DatasetError(f"{spec}: no rows")
-    return PromptStream(tuple(parts), n_needed, seed, window, True, fields)
+    return PromptStream(tuple(parts), n_needed, seed, window, True, fields, max_row_bytes)
 
 
 def rows_stream(rows: list[dict], window: int = 10_000) -> PromptStream:

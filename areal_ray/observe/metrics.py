@@ -4,7 +4,8 @@ Ray exports them from every process that records them, so each value is recorded
 where it is known first-hand instead of being relayed:
 
 * the driver actor records what a trained step tells (version, samples, reward,
-  staleness, weight-push phases, training tokens/s, trainer wait) and the sizes of
+  staleness, weight-push phases, training tokens/s, trainer wait, policy entropy,
+  engine/trainer mismatch, the share of tokens a correction masked) and the sizes of
   the rollout service and the reward pool, which it tracks anyway;
 * every rollout replica samples its own engine (requests running and queued,
   generation tokens/s, idle fraction) every few seconds.
@@ -25,6 +26,9 @@ from areal_ray.observe.utilization import interval_rates
 STALENESS_BOUNDARIES = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 16.5]
 PUSH_PHASES = {"gather": "push_gather_s", "transfer": "push_transfer_s",
                "load": "push_load_s", "total": "push_total_s"}
+# gauge -> the step record's key it shows (train/step.py measures them)
+STEP_GAUGES = {"areal_policy_entropy": "entropy", "areal_mismatch_kl": "mismatch_k3",
+               "areal_correction_masked_fraction": "correction_masked_frac"}
 
 # name -> (kind, description, extra tag keys); docs/running.md's metrics table lists these.
 METRICS = {
@@ -35,11 +39,15 @@ METRICS = {
     "areal_weight_push_seconds": ("gauge", "last weight push, per phase (gather, transfer, load, total)", ("phase",)),
     "areal_train_tokens_per_s": ("gauge", "trained tokens per second of the last step", ()),
     "areal_trainer_wait_fraction": ("gauge", "share of the last step the trainer waited for samples", ()),
+    "areal_policy_entropy": ("gauge", "mean token entropy of the policy on the last step's trained tokens", ()),
+    "areal_mismatch_kl": ("gauge", "engine/trainer mismatch of the last step: k3 KL(pi_behav || pi_trainer) per token", ()),
+    "areal_correction_masked_fraction": ("gauge", "share of the last step's trained tokens the mismatch correction (or the behaviour cap) masked", ()),
     "areal_rollout_replicas": ("gauge", "rollout replicas registered with the driver", ()),
     "areal_reward_pool_actors": ("gauge", "live reward actors (Ray Data autoscaling pool)", ()),
     "areal_rollout_requests": ("gauge", "generation requests on a replica, by state (running, queued)", ("replica", "state")),
     "areal_generation_tokens_per_s": ("gauge", "tokens generated per second by a replica", ("replica",)),
     "areal_rollout_idle_fraction": ("gauge", "share of time a replica's engine had nothing to run", ("replica",)),
+    "areal_router_outstanding_tokens": ("gauge", "generation budget the least-tokens router sent to a replica and has not seen end (per calling process)", ("replica",)),
 }
 
 
@@ -87,6 +95,9 @@ class DriverMetrics:
         for phase, key in PUSH_PHASES.items():
             if rec.get(key) is not None:
                 g("areal_weight_push_seconds").set(rec[key], tags={**self.tags, "phase": phase})
+        for name, key in STEP_GAUGES.items():
+            if rec.get(key) is not None:  # None: not measured this step
+                g(name).set(rec[key], tags=self.tags)
         if rec.get("step_s"):
             g("areal_train_tokens_per_s").set(rec["n_tokens"] / rec["step_s"], tags=self.tags)
             g("areal_trainer_wait_fraction").set(min(1.0, rec.get("wait_s", 0.0) / rec["step_s"]),
@@ -97,6 +108,18 @@ class DriverMetrics:
 
     def reward_actors(self, n: int) -> None:
         _registry.get("areal_reward_pool_actors").set(n, tags=self.tags)
+
+
+class RouterMetrics:
+    """What a least-tokens router records in the process that routes: each replica's
+    outstanding budget, as it changes (rollout/router.py)."""
+
+    def __init__(self, run: str):
+        self.run = run or "areal"
+
+    def outstanding(self, replica: str, tokens: int) -> None:
+        _registry.get("areal_router_outstanding_tokens").set(
+            tokens, tags={"run": self.run, "replica": replica})
 
 
 class ReplicaMetrics:

@@ -11,22 +11,75 @@ tests/jobs/test_submit.py counts in a job's logs).
 The ETA is ours on both: the mean of the last few step times times the steps left.
 A rate from the start would count the first step's start-up (Ray Data, the trainer,
 the first rollouts) against every step to come.
+
+A pipeline that makes no progress (no episode starts or ends, no prompt is taken, no
+step is trained) is otherwise silent: `Stall` says so once a minute (or twice the
+slowest recent step, when that is longer), with what the run is waiting on, from the driver's admission counters (`Driver.gate_state`).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import TextIO
 
 from tqdm import tqdm
 
 RECENT = 5  # steps the ETA averages over
+STALL_AFTER_S = 60.0  # silence before the console says the pipeline has stalled, and between lines
+# The driver's admission counters whose change is progress: an episode admitted or
+# finished, a group rejected, a step trained, a prompt read or taken.
+PROGRESS_KEYS = ("started", "running", "rejected", "version", "read", "taken", "phase", "held")
 
 
 def num(value, spec: str) -> str:
     """A record's number in `spec`, or "n/a": step records hold None where a value
     was not finite or not measured (train/loop.py), and a step line must still print."""
     return "n/a" if value is None else format(value, spec)
+
+
+def waiting_on(state: dict) -> str:
+    """What a pipeline with the admission counters `state` (`Admission.state`) waits on."""
+    if state.get("held"):
+        return "admissions, held until the rollout replicas are up and the eval before training is done"
+    if state.get("phase") == "restoring":
+        return "the trainer to restore its checkpoint"
+    if state.get("running", 0) > 0:
+        return (f"{state['running']} episode(s) in flight in the rollout stage (the rollout "
+                "replicas; a stuck episode is abandoned at its deadline, rollout.episode_timeout_s "
+                "at most)")
+    in_flight = state.get("started", 0) - state.get("rejected", 0)
+    allowed = (state.get("version", 0) + state.get("eta", 0) + 1) * state.get("batch_groups", 1)
+    if in_flight >= allowed:
+        return (f"the trainer: the staleness gate is full ({in_flight} groups admitted for version "
+                f"{state.get('version', 0)}, algo.eta={state.get('eta', 0)})")
+    if state.get("ahead", 0) <= 0:
+        return "the prompt reader (no prompt read ahead of the rollout stage)"
+    return f"the rollout stage to take one of the {state['ahead']} prompts read ahead"
+
+
+class Stall:
+    """Says when the pipeline has made no progress for `after_s`, and again every
+    `after_s` while it stays so; pure: the caller passes the clock and the driver's
+    admission counters."""
+
+    def __init__(self, after_s: float = STALL_AFTER_S):
+        self.after_s = after_s
+        self._marker: tuple | None = None
+        self._since = self._said = 0.0
+
+    def check(self, now: float, state: dict) -> str | None:
+        """The console line for `state` seen at `now`, or None."""
+        marker = tuple(state.get(k) for k in PROGRESS_KEYS)
+        if marker != self._marker:
+            self._marker, self._since, self._said = marker, now, now
+            return None
+        if state.get("closed") or now - self._said < self.after_s:
+            return None
+        self._said = now
+        return (f"[areal-ray] no progress for {now - self._since:.0f} s (version "
+                f"{state.get('version', 0)}, {state.get('started', 0)} episodes started, "
+                f"{state.get('running', 0)} running): waiting on {waiting_on(state)}")
 
 
 class StepProgress:
@@ -36,6 +89,7 @@ class StepProgress:
         self.stream = stream if stream is not None else sys.stdout
         self.done = 0  # versions trained, by this job or by those it resumed from
         self._recent_s: list[float] = []
+        self._stall = Stall()
         use_bar = self.stream.isatty() if bar is None else bar
         self._bar = tqdm(total=total_steps, file=self.stream, desc="[areal-ray] step",
                          bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {elapsed}{postfix}",
@@ -59,6 +113,8 @@ class StepProgress:
         """A step record arrived (`train/loop.py: step_record`)."""
         self.done += 1
         self._recent_s = (self._recent_s + [rec.get("step_s") or 0.0])[-RECENT:]
+        # a run whose steps are slow is not stalled by one slow step
+        self._stall.after_s = max(STALL_AFTER_S, 2 * max(self._recent_s))
         tok_s = rec["n_tokens"] / rec["step_s"] if rec.get("step_s") else 0.0
         if self._bar is None:
             print(f"[areal-ray] step {rec['step'] + 1:>4}/{self.total} v{rec['version']:<4} "
@@ -71,6 +127,13 @@ class StepProgress:
             f"v{rec['version']} reward {num(rec['reward_mean'], '.3f')} staleness max "
             f"{rec['staleness_max']} mean {num(rec['staleness_mean'], '.2f')} {tok_s:.0f} tok/s "
             f"ETA {self.eta_s():.0f}s", refresh=True)
+
+    def watch(self, state: dict, now: float | None = None) -> None:
+        """The driver's admission counters (`Driver.gate_state`), polled: a line when
+        they have not moved for a while (`Stall`)."""
+        line = self._stall.check(time.monotonic() if now is None else now, state)
+        if line:
+            self.note(line)
 
     def note(self, text: str) -> None:
         """A line of its own (above the bar, which stays at the bottom)."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
+from areal_ray.cluster.ownership import sandbox_dir_prefix
 from areal_ray.config.reward import SandboxMode
 from areal_ray.config.section import ConfigError
 from areal_ray.reward.reaper import children
@@ -186,7 +187,9 @@ def run_python(code: str, stdin: str = "", limits: Limits | None = None) -> RunR
     isolated = isolation(limits.sandbox) == "bwrap"
     if not isolated:
         _warn_once()
-    with tempfile.TemporaryDirectory(prefix="areal-sandbox-") as prog_dir:
+    # Removed when the check ends; named with this pid for the sweep of a killed
+    # reward process's dirs (ownership.stale_sandbox_dirs).
+    with tempfile.TemporaryDirectory(prefix=sandbox_dir_prefix(os.getpid())) as prog_dir:
         Path(prog_dir, "main.py").write_text(code)
         os.chmod(prog_dir, 0o755)
         if isolated:

@@ -43,6 +43,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from areal_ray.observe.metrics import RouterMetrics
 from areal_ray.rollout.engines.base import GenerationRequest
 
 GENERATE_METHODS = ("generate", "generate_batch")
@@ -108,8 +109,13 @@ class Outstanding:
 
 
 class LeastOutstandingTokensRouter(RequestRouter):
-    def initialize_state(self, **kwargs) -> None:
+    def initialize_state(self, run: str = "", **kwargs) -> None:
+        """`run`: the run's name, the tag of the outstanding-budget gauge."""
         self._outstanding = Outstanding()
+        self._metrics = RouterMetrics(run)
+
+    def _report(self, replica_id: ReplicaID) -> None:
+        self._metrics.outstanding(replica_id.unique_id, self._outstanding.tokens(replica_id))
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None,
@@ -132,9 +138,11 @@ class LeastOutstandingTokensRouter(RequestRouter):
                           result) -> None:
         self._outstanding.routed(replica_id, pending_request.metadata.internal_request_id,
                                  request_cost(pending_request))
+        self._report(replica_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self._outstanding.completed(replica_id, internal_request_id)
+        self._report(replica_id)
 
     def on_new_queue_len_info(self, replica_id: ReplicaID, num_ongoing_requests: int) -> None:
         super().on_new_queue_len_info(replica_id, num_ongoing_requests)

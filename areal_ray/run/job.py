@@ -40,6 +40,7 @@ from areal_ray.cluster.placement import (
     train_start_problem,
     wait_for_app,
 )
+from areal_ray.cluster.roles import NodeRequirement
 from areal_ray.cluster.system_config import local_worker_env, system_config
 from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.data.pipeline import PipelineFactory
@@ -56,7 +57,7 @@ from areal_ray.rollout.workflows.base import SINGLE_TURN
 from areal_ray.run.eval import evaluate
 from areal_ray.run.event_loop import off_event_loop
 from areal_ray.run.interrupt import RunInterrupted, StopOnInterrupt, WorkerThread
-from areal_ray.run.resume import check_resume_config
+from areal_ray.run.resume import check_fresh_run_dir, check_resume_config
 from areal_ray.run.startup import sequential_start
 from areal_ray.task.tokenizer import load_tokenizer
 from areal_ray.train.batch_record import RECORD_DIR, recorded_steps
@@ -79,7 +80,7 @@ from deployments.rollout import DEPLOYMENT_NAME, build_app
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_MODELS = {"artifacts/tiny": "arith", "artifacts/tiny-tools": "tool_arith",
                    "artifacts/tiny-agents": "tool_arith_hermes",
-                   "artifacts/tiny-chains": "chain_arith"}  # path: task
+                   "artifacts/tiny-chains": "chain_arith", "artifacts/tiny-bpe": "arith_bpe"}  # path: task
 TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
 FIT_GONE_S = 60.0  # how long a failed job waits for its trainer to stop
 
@@ -164,6 +165,7 @@ class StepTail:
     def _pull(self) -> None:
         try:
             events = ray.get(self.driver.steps.remote(self._seen))
+            self.progress.watch(ray.get(self.driver.gate_state.remote()))  # a stall is said
         except ray.exceptions.RayActorError:
             return  # the driver is gone: the job reports it (driver_lost)
         for ev in events:
@@ -201,9 +203,10 @@ class StepTail:
 
 
 def worker_resources(cfg: Config) -> dict:
-    """A trainer worker's Ray resources: its CPUs, and with `train.use_gpu` its GPU share
-    (a fraction when it shares the GPU with a rollout replica)."""
-    res = {"CPU": cfg.train.num_cpus_per_worker}
+    """A trainer worker's Ray resources: its CPUs, with `train.use_gpu` its GPU share
+    (a fraction when it shares the GPU with a rollout replica), and the custom resources
+    that pin it to a node type (`train.resources`, cluster/roles.py)."""
+    res = {"CPU": cfg.train.num_cpus_per_worker, **NodeRequirement.of(cfg.train).resources}
     if cfg.train.use_gpu:
         res["GPU"] = cfg.train.num_gpus_per_worker
     return res
@@ -288,6 +291,8 @@ def run_training(cfg: Config) -> dict:
     elif checkpoint_dirs(run_dir / TRAIN_DIR):
         raise ConfigError(f"{run_dir} already holds checkpoints of a run: pass run.resume=true "
                           "to continue it, or choose another run.run_dir")
+    else:  # recorded batches, a step log (resume.py)
+        check_fresh_run_dir(run_dir, RECORD_DIR)
     replay_dir = check_replay(cfg)
     check_sandbox(cfg)  # model-written code runs isolated, or the config says it need not
     os.environ[SANDBOX_ENV] = cfg.reward.sandbox  # the in-process eval's tools follow it too
@@ -339,7 +344,8 @@ def run_training(cfg: Config) -> dict:
                                "weights_dir": str(run_dir / "weights"),
                                "batches_dir": str(run_dir / RECORD_DIR), "replay_dir": replay_dir},
             scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
-                                         resources_per_worker=worker_resources(cfg)),
+                                         resources_per_worker=worker_resources(cfg),
+                                         label_selector=dict(cfg.train.node_labels) or None),
             datasets=datasets,
             dataset_config=DataConfig(enable_shard_locality=False),
             # A fixed name under the run dir: a new job with the same run dir (run.resume)

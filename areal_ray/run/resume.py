@@ -9,6 +9,11 @@ refused, naming the keys, unless `run.resume_allow_changes` lists them.
 Each job of a run keeps the config it ran with, and none is overwritten: the first
 job's is `config.json`, the n-th resume's `config.resume-<n>.json`. A resume is
 checked against the newest of them, so a change allowed once is the baseline after.
+
+A new run (no `run.resume`) refuses a run dir that already holds a run's outputs, as
+it refuses one with checkpoints: its steps.jsonl would be appended to another run's,
+and its recorded batches laid beside another run's, so that a replay of the dir would
+train two runs as one (`other_run_outputs`).
 """
 
 from __future__ import annotations
@@ -99,3 +104,32 @@ def check_resume_config(run_dir: Path, new: dict, allowed: list[str]) -> dict[st
                           f"its checkpoints refer to: {what}. Resume with the run's values, or "
                           f"pass run.resume_allow_changes=[{','.join(refused)}]")
     return changes
+
+
+STEPS_LOG = "steps.jsonl"  # the run's log (observe/tracking.py)
+
+
+def other_run_outputs(run_dir: Path, batches_dir: str) -> list[str]:
+    """What in `run_dir` a run already wrote (its step log, its recorded batches), by
+    relative path; an empty step log (a job that ended before its first step) is not
+    an output."""
+    out = []
+    steps = run_dir / STEPS_LOG
+    if steps.is_file() and steps.stat().st_size > 0:
+        out.append(STEPS_LOG)
+    batches = run_dir / batches_dir
+    if batches.is_dir():
+        recorded = sorted(p.name for p in batches.glob("step-*.jsonl"))
+        if recorded:
+            out.append(f"{batches_dir}/ ({len(recorded)} recorded steps: "
+                       f"{recorded[0]}{' ... ' + recorded[-1] if len(recorded) > 1 else ''})")
+    return out
+
+
+def check_fresh_run_dir(run_dir: Path, batches_dir: str) -> None:
+    """A new run's dir holds no other run's outputs; a ConfigError naming them."""
+    found = other_run_outputs(run_dir, batches_dir)
+    if found:
+        raise ConfigError(f"{run_dir} already holds another run's outputs ({'; '.join(found)}): "
+                          "pass run.resume=true to continue that run (it needs a checkpoint), "
+                          "or choose another run.run_dir")

@@ -37,6 +37,14 @@ newest good one. Everything is read without running pickled code: `torch.load` w
 `weights_only=True`, and DCP's pickled metadata and non-tensor values are checked
 against what DCP writes before torch reads them (`SafeReader`, `SafePlanner`).
 
+A checkpoint is staged beside its storage (`<run_dir>/train/.staging/rank-<r>/`), not
+in the temp dir, which may be a small tmpfs unrelated to where the run has room; the
+space it needs (each rank's shards, rank 0's HF export, twice over while Ray Train
+copies the staged directory in) is checked before anything is written, and a full
+disk is an OSError(ENOSPC) naming the path and the bytes needed
+(`require_room`). A save killed mid-way leaves its staging directory, which the
+rank's next save clears.
+
 `run.keep_checkpoints` bounds how many complete checkpoints stay: once a new one is
 sealed, older complete ones are emptied down to a `pruned.json` tombstone. The
 directory itself stays because Ray Train's run snapshot lists every reported
@@ -45,6 +53,7 @@ checkpoint, and a resumed job refuses to start when one of them is gone.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -68,6 +77,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from areal_ray.task.tokenizer import load_tokenizer
@@ -78,6 +88,8 @@ PRUNED = "pruned.json"
 HASHED_MAX_BYTES = 1 << 20  # files up to this size are hashed as well as sized
 PRUNED_REASON = "pruned (run.keep_checkpoints)"
 REQUIRED = (STATE_FILE, "state/.metadata", "scheduler.pt")  # whatever else a checkpoint holds
+STAGING = ".staging"  # under the storage's experiment dir: where checkpoints are staged
+HF_BYTES_PER_PARAM = 4  # the HF export's model is built by from_config: fp32
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +181,79 @@ def sharded_state(models) -> dict:
     return out
 
 
-def save_sharded(models, path: Path) -> None:
-    """Every rank: its shards (and rank 0 the metadata) under `path`."""
-    dcp.save(sharded_state(models), storage_writer=FileSystemWriter(str(path)))
+def save_sharded(models, path: Path, state: dict | None = None) -> None:
+    """Every rank: its shards (and rank 0 the metadata) under `path`; `state`: the
+    models' `sharded_state`, when already taken."""
+    state = sharded_state(models) if state is None else state
+    dcp.save(state, storage_writer=FileSystemWriter(str(path)))
+
+
+def tensor_bytes(tree) -> int:
+    """Bytes of the tensors in a nested state (this rank's part of a DTensor)."""
+    if isinstance(tree, DTensor):
+        tree = tree.to_local()
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tensor_bytes(v) for v in tree)
+    return 0
+
+
+def room_problem(path: Path, needed: int, free: int) -> str | None:
+    """Why `needed` bytes cannot be written under `path` with `free` bytes free, or None."""
+    if free >= needed:
+        return None
+    return (f"{needed} bytes ({needed / (1 << 30):.2f} GiB) are needed under {path} and its "
+            f"filesystem has {free} ({free / (1 << 30):.2f} GiB) free: free space there, or "
+            "point run.run_dir at a larger disk")
+
+
+def require_room(path: Path, needed: int, what: str, free: int | None = None) -> None:
+    """An OSError(ENOSPC) naming `path` and the bytes needed unless its filesystem has
+    `needed` bytes free (`free`: as measured, else asked of the filesystem)."""
+    free = shutil.disk_usage(path).free if free is None else free
+    if (why := room_problem(path, needed, free)) is not None:
+        raise OSError(errno.ENOSPC, f"no room for {what}: {why}", str(path))
+
+
+def _is_enospc(e: BaseException | None) -> bool:
+    seen = 0
+    while e is not None and seen < 16:
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def staging_parent(experiment_path: str | None) -> Path | None:
+    """Where checkpoints are staged: under Ray Train's experiment dir when that is a
+    local directory (the run dir's filesystem, where the checkpoint is copied to), else
+    None (remote storage: the temp dir)."""
+    if not experiment_path or "://" in experiment_path:
+        return None
+    p = Path(experiment_path)
+    return p / STAGING if p.is_absolute() and p.is_dir() else None
+
+
+def _experiment_path() -> str | None:
+    try:
+        return ray.train.get_context().get_storage().experiment_fs_path
+    except Exception:  # noqa: BLE001 - outside a Ray Train worker (tests, tools): the temp dir
+        return None
+
+
+def staging_dir(rank: int, experiment_path: str | None) -> Path:
+    """This rank's staging directory, emptied of what a killed save left: under the
+    storage's experiment dir (`staging_parent`), else in the temp dir."""
+    parent = staging_parent(experiment_path)
+    if parent is None:
+        return Path(tempfile.mkdtemp(prefix=f"areal-ckpt-rank{rank}-"))
+    d = parent / f"rank-{rank}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    return d
 
 
 def load_sharded(models, path: Path) -> None:
@@ -204,23 +286,43 @@ def save_checkpoint(models, weights: dict, trainer_state: dict, model_src: str,
     Once every rank's part is in storage, rank 0 seals the checkpoint and prunes the
     complete ones beyond the `keep` newest (0: none)."""
     rank = dist.get_rank() if _distributed() else 0
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        save_sharded(models, d / "state")
-        torch.save({"torch": torch.get_rng_state(), "python": random.getstate()},
-                   d / f"rng_rank{rank}.pt")
-        if rank == 0:
-            if hf_model and adapter is not None:
-                from areal_ray.train.lora import save_lora_model
-                from areal_ray.weights.adapter import Adapter
-                save_lora_model(Adapter(adapter, weights), model_src, d / "model")
-            elif hf_model:
-                save_hf(weights, model_src, d / "model")
-            torch.save(models.sched.state_dict(), d / "scheduler.pt")
-            (d / STATE_FILE).write_text(json.dumps(trainer_state))
-        written = manifest(d)
-        ray.train.report({"version": trainer_state["version"]},
-                         checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+    experiment = _experiment_path()
+    d = staging_dir(rank, experiment)
+    state = sharded_state(models)
+    needed = tensor_bytes(state)
+    if rank == 0 and hf_model:
+        needed += tensor_bytes(weights) if adapter is not None else \
+            sum(t.numel() for t in weights.values()) * HF_BYTES_PER_PARAM
+    # staged, then copied in beside it by Ray Train: twice on the run dir's filesystem
+    needed *= 2 if staging_parent(experiment) is not None else 1
+    what = f"the checkpoint of version {trainer_state['version']} (rank {rank})"
+    try:
+        require_room(d, needed, what)
+        try:
+            save_sharded(models, d / "state", state)
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()},
+                       d / f"rng_rank{rank}.pt")
+            if rank == 0:
+                if hf_model and adapter is not None:
+                    from areal_ray.train.lora import save_lora_model
+                    from areal_ray.weights.adapter import Adapter
+                    save_lora_model(Adapter(adapter, weights), model_src, d / "model")
+                elif hf_model:
+                    save_hf(weights, model_src, d / "model")
+                torch.save(models.sched.state_dict(), d / "scheduler.pt")
+                (d / STATE_FILE).write_text(json.dumps(trainer_state))
+            written = manifest(d)
+            ray.train.report({"version": trainer_state["version"]},
+                             checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+        except Exception as e:
+            if _is_enospc(e) and not (isinstance(e, OSError) and str(d) in str(e)):
+                raise OSError(errno.ENOSPC, f"no space left writing {what} (staged in {d}, "
+                              f"stored under {experiment or 'Ray Train storage'}; about "
+                              f"{needed} bytes needed): free space there, or point "
+                              f"run.run_dir at a larger disk", str(d)) from e
+            raise
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     if _distributed():  # also a barrier: every rank's upload has returned
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, written)

@@ -190,79 +190,81 @@ def train_loop_per_worker(config: dict) -> None:
                           owner=tag_of_driver(config["driver_name"]) or "", adapter=adapter,
                           probe=probe_enabled(cfg))
 
-    # Replicas must serve exactly this run's version-`start` weights before any group
-    # is admitted (a rollback after a failure, or a resumed run on fresh replicas).
-    publish = must_publish(driver, cfg, start)
-    if start == 0 and not ckpt_dir and not publish:  # both sides hold the model on disk
-        pusher.baseline(m.policy)
-    weights = pusher.gather(m.policy) if publish else None
-    if rank == 0:
-        ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,
-                                      pusher.object_payload(weights) if publish else None,
-                                      records=state["records"]))
-        print(f"[areal-ray] trainer starts at version {start}"
-              f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
-
-    if cfg.run.replay:  # the recorded run's steps, not the pipeline (batch_record.py)
-        assembler = RecordedBatches(config["replay_dir"])
-    else:
-        assembler = StepAssembler(
-            ShardFeeder(ray.train.get_dataset_shard("train")), batch_groups,
-            distributed=dist.is_initialized(),
-            accept=informative if cfg.algo.dynamic_filter.enabled else has_samples,
-            next_ticket=state["next_ticket"],
-            on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
-    recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.from_config(cfg).seed) \
-        if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
-    t_start = t_prev = time.perf_counter()
-    every = cfg.train.checkpoint_every
-    unsaved: list[dict] = []  # step records since the last checkpoint (trainer_state)
-    for step in range(start, cfg.train.steps):
-        batch = assembler.next_step(step)
-        if recorder is not None:
-            recorder.write(step, batch)
-        groups = batch.groups
-        consumed += [g.pos for g in groups] + batch.rejected
-        seqs = flatten_groups(groups, cfg.algo, cfg.rollout.max_new_tokens, trained_version=step)
-        if not seqs:
-            raise RuntimeError(f"step {step}: every sample is empty")
-        release = release_replicas(driver, cfg) if rank == 0 else {}
-        stats = train_step(m, seqs, cfg, pad_id, version=step)
-        if cfg.rollout.release_memory:
-            give_back_memory()  # the engine's resume at the push needs what the step cached
-        weights, push = pusher.push(m.policy, step + 1)
-        stop = False
+    try:  # its shm files go however the loop ends (an owner sweep: however the job does)
+        # Replicas must serve exactly this run's version-`start` weights before any group
+        # is admitted (a rollback after a failure, or a resumed run on fresh replicas).
+        publish = must_publish(driver, cfg, start)
+        if start == 0 and not ckpt_dir and not publish:  # both sides hold the model on disk
+            pusher.baseline(m.policy)
+        weights = pusher.gather(m.policy) if publish else None
         if rank == 0:
-            now = time.perf_counter()
-            stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push,
-                         **release)
-            record = step_record(step, groups, seqs, batch, stats)
-            if every:  # kept only for a checkpoint to come: a run without any keeps none
-                unsaved.append(record)
-            stop = ray.get(driver.record_step.remote(record))
-            t_prev = now
-        if dist.is_initialized():  # every rank stops at the same step
-            flag = [stop]
-            dist.broadcast_object_list(flag, src=0)
-            stop = flag[0]
-        if every and ((step + 1) % every == 0 or stop):
-            save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
-                                                      consumed, unsaved),
-                            config["model_path"], cfg.train.checkpoint_hf_model,
-                            keep=cfg.run.keep_checkpoints, adapter=adapter)
-            unsaved = []
-        if dist.is_initialized():
-            dist.barrier()
-        if stop:
+            ray.get(driver.restore.remote(start, state["next_ticket"], state["rejected"], consumed,
+                                          pusher.object_payload(weights) if publish else None,
+                                          records=state["records"]))
+            print(f"[areal-ray] trainer starts at version {start}"
+                  f"{' (from checkpoint ' + ckpt_dir.name + ')' if ckpt_dir else ''}", flush=True)
+
+        if cfg.run.replay:  # the recorded run's steps, not the pipeline (batch_record.py)
+            assembler = RecordedBatches(config["replay_dir"], m.policy.config.vocab_size)
+        else:
+            assembler = StepAssembler(
+                ShardFeeder(ray.train.get_dataset_shard("train")), batch_groups,
+                distributed=dist.is_initialized(),
+                accept=informative if cfg.algo.dynamic_filter.enabled else has_samples,
+                next_ticket=state["next_ticket"],
+                on_reject=(lambda n: ray.get(driver.reject.remote(n))) if rank == 0 else None)
+        recorder = BatchRecorder(config["batches_dir"], EpisodeConfig.from_config(cfg).seed) \
+            if rank == 0 and cfg.run.record_batches and not cfg.run.replay else None
+        t_start = t_prev = time.perf_counter()
+        every = cfg.train.checkpoint_every
+        unsaved: list[dict] = []  # step records since the last checkpoint (trainer_state)
+        for step in range(start, cfg.train.steps):
+            batch = assembler.next_step(step)
+            if recorder is not None:
+                recorder.write(step, batch)
+            groups = batch.groups
+            consumed += [g.pos for g in groups] + batch.rejected
+            seqs = flatten_groups(groups, cfg.algo, cfg.rollout.max_new_tokens, trained_version=step)
+            if not seqs:
+                raise RuntimeError(f"step {step}: every sample is empty")
+            release = release_replicas(driver, cfg) if rank == 0 else {}
+            stats = train_step(m, seqs, cfg, pad_id, version=step)
+            if cfg.rollout.release_memory:
+                give_back_memory()  # the engine's resume at the push needs what the step cached
+            weights, push = pusher.push(m.policy, step + 1)
+            stop = False
             if rank == 0:
-                print(f"[areal-ray] trainer stopped after version {step + 1}"
-                      f"{' (checkpointed)' if every else ''}", flush=True)
-            break
-    if rank == 0:  # the driver keeps the final weights (late replicas, the final model)
-        trained = start < cfg.train.steps
-        final = pusher.object_payload(weights) \
-            if trained and cfg.weights.path != "object_store" else None
-        ray.get(driver.close.remote(final))
+                now = time.perf_counter()
+                stats.update(time_s=now - t_start, step_s=now - t_prev, t_wall=time.time(), **push,
+                             **release)
+                record = step_record(step, groups, seqs, batch, stats)
+                if every:  # kept only for a checkpoint to come: a run without any keeps none
+                    unsaved.append(record)
+                stop = ray.get(driver.record_step.remote(record))
+                t_prev = now
+            if dist.is_initialized():  # every rank stops at the same step
+                flag = [stop]
+                dist.broadcast_object_list(flag, src=0)
+                stop = flag[0]
+            if every and ((step + 1) % every == 0 or stop):
+                save_checkpoint(m, weights, trainer_state(step + 1, assembler.cursor, batch_groups,
+                                                          consumed, unsaved),
+                                config["model_path"], cfg.train.checkpoint_hf_model,
+                                keep=cfg.run.keep_checkpoints, adapter=adapter)
+                unsaved = []
+            if dist.is_initialized():
+                dist.barrier()
+            if stop:
+                if rank == 0:
+                    print(f"[areal-ray] trainer stopped after version {step + 1}"
+                          f"{' (checkpointed)' if every else ''}", flush=True)
+                break
+        if rank == 0:  # the driver keeps the final weights (late replicas, the final model)
+            trained = start < cfg.train.steps
+            final = pusher.object_payload(weights) \
+                if trained and cfg.weights.path != "object_store" else None
+            ray.get(driver.close.remote(final))
+    finally:
         pusher.close()
 
 

@@ -14,7 +14,16 @@ shaped outcome reward), every rank takes its share and:
   4. with `algo.loss.kl_coef > 0`, reference logprobs from the frozen initial model;
   5. per minibatch: the policy loss (`algo.loss.name`, from the registry in
      algo/losses.py; decoupled PPO by default) normalised by the minibatch's global
-     token count, one optimizer step; then one critic step on the value loss.
+     token count, minus `algo.loss.entropy_coef` times the mean token entropy, one
+     optimizer step; then one critic step on the value loss.
+
+The loss forward also returns each position's entropy, from the logits its chunked
+head computes anyway (algo/logprobs.py), and the step records it with the
+engine/trainer mismatch on the trained tokens: `entropy`, `mismatch_kl` (k1, the
+mean of log pi_behav - log pi_trainer), `mismatch_k3`, `mismatch_chi2` and
+`mismatch_ppl_ratio` (ppl_trainer / ppl_behav), where pi_trainer is pi_prox where it
+was recomputed and else the loss forward's own logprobs (the first minibatch's are
+pi_prox exactly).
 
 Non-finite numbers never reach the optimizer. A sequence whose reward, advantage or
 behaviour logprobs are not finite is left out before any of this (algo/finite.py);
@@ -39,7 +48,10 @@ import torch.distributed as dist
 
 from areal_ray.algo.advantages import moments, normalize
 from areal_ray.algo.finite import screen
+from areal_ray.algo.is_correction import mismatch_sums
+from areal_ray.algo.logprobs import token_logprobs
 from areal_ray.algo.losses import LossInputs, policy_loss
+from areal_ray.algo.packing import packed_token_logprobs
 from areal_ray.algo.proximal import loglinear_proximal_logprobs
 from areal_ray.algo.value import value_loss
 from areal_ray.train.batching import (
@@ -56,7 +68,11 @@ from areal_ray.train.batching import (
 from areal_ray.train.critic import forward_values, write_gae_targets
 from areal_ray.train.fsdp import model_device
 
-POLICY_STATS = ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl", "kl_ref")
+POLICY_STATS = ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl", "kl_ref",
+                "correction_masked_frac", "correction_truncated_frac")
+# Measured by the step itself on every micro-batch's trained tokens, whatever the loss:
+# the policy's token entropy and the engine/trainer mismatch (algo/is_correction.py).
+MEASURED = ("entropy", "mismatch_k1", "mismatch_k3", "mismatch_chi2")
 MAX_NOTES = 20  # lines naming non-finite values kept in a step's stats
 
 
@@ -89,6 +105,45 @@ def normalize_advantages(mbs: list) -> None:
     stats = all_reduce(local)
     for mb in (m for m in mbs if m is not None):
         mb["advantages"] = normalize(mb["advantages"], mb["loss_mask"], stats=stats)
+
+
+def entropy_mode(cfg) -> str:
+    """How the loss forward computes the entropy: with its gradient when it enters the
+    loss, else as a value."""
+    return "grad" if cfg.algo.loss.entropy_coef > 0 else "value"
+
+
+def policy_forward(model, mb: dict, temperature: float, chunk_bytes: int,
+                   entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs, entropy or None) of one micro-batch, from one forward."""
+    if "position_ids" in mb:
+        out = packed_token_logprobs(model, mb, temperature, chunk_bytes, entropy)
+    else:
+        out = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature,
+                             chunk_bytes, entropy)
+    return (out, None) if entropy is None else (out[..., 0], out[..., 1])
+
+
+def measured_sums(mb: dict, logp: torch.Tensor, ent: torch.Tensor | None) -> dict[str, float]:
+    """This micro-batch's sums of MEASURED over its trained tokens (`mask_tokens`: their
+    count), for the step to add up over micro-batches and ranks."""
+    mask = mb["loss_mask"].bool()
+    trainer = mb["proximal_logprobs"] if "proximal_logprobs" in mb else logp.detach()
+    out = mismatch_sums(mb["behavior_logprobs"], trainer, mask)
+    with torch.no_grad():
+        ent_sum = (torch.where(mask, ent.detach().float(), 0.0).sum() if ent is not None
+                   else torch.tensor(math.nan, device=mask.device))
+        out["mask_tokens"], out["entropy"] = torch.stack([mask.float().sum(), ent_sum]).tolist()
+    return out
+
+
+def measured_stats(sums: dict[str, float]) -> dict[str, float]:
+    """The step's MEASURED means from summed `measured_sums`."""
+    n = max(sums["mask_tokens"], 1.0)
+    k1 = sums["mismatch_k1"] / n
+    return {"entropy": sums["entropy"] / n, "mismatch_kl": k1,
+            "mismatch_k3": sums["mismatch_k3"] / n, "mismatch_chi2": sums["mismatch_chi2"] / n,
+            "mismatch_ppl_ratio": math.exp(min(k1, 50.0))}
 
 
 def _proximal(mb: dict, logp: torch.Tensor, cfg, minibatch: int, version: int) -> torch.Tensor:
@@ -133,6 +188,7 @@ def _nothing_to_train(m: Models, cfg) -> dict:
     nan = float("nan")
     out = {"loss": nan, "lr": lr, "grad_norm": nan, "n_microbatches": 0,
            **{k: nan for k in (*POLICY_STATS, "behav_weight_max")},
+           **{k: nan for k in measured_stats({k: 0.0 for k in (*MEASURED, "mask_tokens")})},
            "skipped_nonfinite": cfg.algo.optim.ppo_minibatches,
            **{k: 0.0 for k in ("values_s", "prox_s", "ref_s", "policy_s", "train_s")}}
     if m.critic is not None:
@@ -199,7 +255,9 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
 
     t = time.perf_counter()
     loss_fn = policy_loss(algo.loss.name)
-    sums: dict[str, float] = {"loss": 0.0, "n_tokens": 0.0, "behav_weight_max": 0.0}
+    ent_mode, ent_coef = entropy_mode(cfg), algo.loss.entropy_coef
+    sums: dict[str, float] = {"loss": 0.0, "n_tokens": 0.0, "behav_weight_max": 0.0,
+                              **{k: 0.0 for k in (*MEASURED, "mask_tokens")}}
     grad_norms, skipped = [], 0
     for k, mbs in enumerate(minis):
         global_tokens = all_reduce([sum(int(mb["loss_mask"].sum()) for mb in mbs if mb is not None)])[0]
@@ -209,11 +267,16 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
             if mb is None:
                 (empty_forward(m.policy, pad_id) * world).backward()
                 continue
-            logp = forward_logprobs(m.policy, mb, temp, chunk)
+            logp, ent = policy_forward(m.policy, mb, temp, chunk, ent_mode)
             loss, stats = loss_fn(LossInputs(
                 logp, _proximal(mb, logp, cfg, k, version), mb["behavior_logprobs"],
                 mb["advantages"], mb["loss_mask"], normalizer=global_tokens,
                 seq_ids=mb["seq_ids"], ref_logprobs=mb.get("ref_logprobs"), batch=mb), algo.loss)
+            if ent_coef > 0:  # the bonus: a higher entropy lowers the loss
+                mask = mb["loss_mask"].bool()
+                loss = loss - ent_coef * torch.where(mask, ent, 0.0).sum() / max(global_tokens, 1.0)
+            for key, value in measured_sums(mb, logp, ent).items():
+                sums[key] += value
             # FSDP averages gradients over ranks; the loss is already a global token mean.
             (loss * world).backward()
             value = loss.item()
@@ -238,11 +301,12 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
     m.sched.step()
     timings["policy_s"] = time.perf_counter() - t
 
-    keys = ["loss", "n_tokens", *POLICY_STATS]
+    keys = ["loss", "n_tokens", *POLICY_STATS, *MEASURED, "mask_tokens"]
     reduced = dict(zip(keys, all_reduce([sums.get(k, 0.0) for k in keys])))
     out = {"loss": reduced["loss"], "lr": lr, "grad_norm": _worst(grad_norms),
            "n_microbatches": len(flat), "skipped_nonfinite": skipped, **timings}
     out.update({k: reduced[k] / max(reduced["n_tokens"], 1.0) for k in POLICY_STATS})
+    out.update(measured_stats(reduced))
     out["behav_weight_max"] = all_reduce([sums["behav_weight_max"]], dist.ReduceOp.MAX)[0]
     if m.critic is not None:
         t = time.perf_counter()

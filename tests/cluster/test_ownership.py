@@ -9,10 +9,13 @@ from areal_ray.cluster.ownership import (
     cluster_of,
     live_tags,
     new_tag,
+    owned_by,
     parse_weight_file,
+    sandbox_dir_prefix,
     stale_apps,
     stale_files,
     stale_pg_cleaners,
+    stale_sandbox_dirs,
     tag_of_app,
     tag_of_driver,
 )
@@ -51,6 +54,7 @@ def test_the_cluster_is_its_gcs_port_however_it_was_reached():
 @pytest.mark.parametrize("name, parsed", [
     ("areal-weights-6379-0123abcd-42-0.bin", (6379, "0123abcd", 42)),
     ("areal-vllm-6379-0123abcd-9-cafe.safetensors", (6379, "0123abcd", 9)),
+    ("areal-ipc-6379-0123abcd-9-vllm", (6379, "0123abcd", 9)),  # a vLLM engine's socket dir
     ("areal-weights-0123abcd-42-0.bin", None),        # no cluster: not ours to judge
     ("areal-weights-5f3a9c01be77-0.bin", None),        # unowned (benchmarks, tests, older runs)
     ("areal-vllm-5f3a9c01be7745aa9d01c2e3f4a5b6c7.safetensors", None),
@@ -85,6 +89,8 @@ FILES = [  # (name, removed by another job's sweep, removed by the owner's own s
     (f"areal-weights-{C}-{ME}-300-0.bin", False, False),    # the sweeping job's live trainer
     (f"areal-weights-{C}-{ME}-200-0.bin", False, True),     # the sweeping job's earlier trainer
     (f"areal-vllm-{C}-{ME}-200-ab.safetensors", False, True),  # a replica killed mid-load
+    (f"areal-ipc-{C}-{DEAD}-100-vllm", True, True),         # a dead job's vLLM socket dir
+    (f"areal-ipc-{C}-{LIVE}-200-vllm", False, False),       # a live job's
     (f"areal-weights-{OTHER_C}-{DEAD}-200-0.bin", False, False),  # another cluster's: not ours
     (f"areal-weights-{OTHER_C}-{ME}-200-0.bin", False, False),
     ("areal-weights-5f3a9c01be77-0.bin", False, False),  # unowned
@@ -106,3 +112,29 @@ def test_pg_cleaners_of_dead_jobs_only():
               Actor("a4", "TrainController", "01000000", "ALIVE"),
               Actor("a5", "PlacementGroupCleaner", "", "ALIVE")]           # job unknown
     assert stale_pg_cleaners(actors, frozenset({"02000000"})) == ["a1"]
+
+
+def test_an_owner_watch_takes_its_own_jobs_things_only():
+    """What a dead job's replicas remove (cleanup.reap): everything named for their own
+    tag, and nothing of another job, dead or alive, or of no job."""
+    names = [f"areal-rollout-{DEAD}", f"areal-rollout-{LIVE}", f"areal-driver-{DEAD}",
+             f"areal-weights-{C}-{DEAD}-100-0.bin", f"areal-ipc-{C}-{DEAD}-100-vllm",
+             f"areal-vllm-{OTHER_C}-{DEAD}-7-x.safetensors", f"areal-weights-{C}-{ME}-200-0.bin",
+             f"areal-weights-{C}-{LIVE}-100-0.bin", "areal-weights-5f3a9c01be77-0.bin",
+             f"areal-sandbox-100-{DEAD}", "unrelated"]
+    assert owned_by(names, DEAD) == [
+        f"areal-ipc-{C}-{DEAD}-100-vllm", f"areal-rollout-{DEAD}",
+        f"areal-vllm-{OTHER_C}-{DEAD}-7-x.safetensors", f"areal-weights-{C}-{DEAD}-100-0.bin"]
+    assert owned_by(names, "0badf00d") == []
+
+
+@pytest.mark.parametrize("name, removed", [
+    (sandbox_dir_prefix(100) + "abc_12", False),   # its reward process still runs
+    (sandbox_dir_prefix(200) + "abc_12", True),    # its reward process was killed
+    ("areal-sandbox-abc_12", False),               # no pid: not ours to judge
+    ("areal-sandbox-200", False),
+    ("areal-weights-6379-0123abcd-200-0.bin", False),
+    ("other-200-x", False),
+])
+def test_a_sandbox_dir_goes_when_its_maker_is_dead(name, removed):
+    assert stale_sandbox_dirs([name], PIDS_ALIVE.__contains__) == ([name] if removed else [])

@@ -409,3 +409,73 @@ def test_a_session_whose_replica_restarted_is_refused_with_a_410(endpoint):
     assert len(recorded(endpoint, s1)["calls"]) == 1
     for sid in (s0, s1):
         httpx.delete(f"{endpoint['base']}/sessions/{sid}", headers=AUTH)
+
+
+def test_what_agent_frameworks_send_by_default_gets_an_answer_or_an_error_naming_the_change(endpoint):
+    """Over HTTP through Serve's proxy: the Agents SDK's default model (the Responses
+    API) runs and its calls are the session's, `client.responses.create` answers plain
+    and streamed with tools; a `<prefix>/v1` base URL is a 400 naming the session URL,
+    or, with the session header, that session's answer; malformed bodies and a prompt
+    that cannot fit the context (by its bytes) are 400s in OpenAI's format; a seed gives
+    two sessions the same tokens; `parallel_tool_calls=false` is refused by name."""
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
+
+    base = endpoint["base"]
+
+    @function_tool
+    def calc(expr: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return expr
+
+    async def go():
+        c = client(endpoint, "frameworks")
+        agent = Agent(name="a", tools=[calc], model=OpenAIResponsesModel(model="any", openai_client=c))
+        result = await Runner.run(agent, "12+3=", run_config=RunConfig(tracing_disabled=True))
+        tools = [{"type": "function", "name": "calc", "parameters": TOOLS[0]["function"]["parameters"]}]
+        resp = await client(endpoint, "responses").responses.create(
+            model="any", input="7+8=", tools=tools, max_output_tokens=4)
+        events = [e async for e in await client(endpoint, "responses").responses.create(
+            model="any", input="7+8=", tools=tools, max_output_tokens=4, stream=True)]
+        bare = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="/sessions/<sid>/v1"):
+            await bare.chat.completions.create(model="any", messages=[{"role": "user", "content": "1"}])
+        named = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0,
+                                   default_headers={"x-areal-session": "by-header"})
+        by_header = await named.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "1+1="}], max_tokens=3)
+        with pytest.raises(openai.BadRequestError, match="parallel_tool_calls"):
+            await c.chat.completions.create(model="any", messages=[{"role": "user", "content": "1"}],
+                                            tools=TOOLS, parallel_tool_calls=False)
+        seeded = [await client(endpoint, sid).completions.create(
+            model="any", prompt="12+3=", max_tokens=8, temperature=1.0, seed=5,
+            extra_body={"return_token_ids": True}) for sid in ("seed-a", "seed-b")]
+        return result, resp, events, by_header, seeded
+
+    result, resp, events, by_header, seeded = asyncio.run(go())
+    assert isinstance(result.final_output, str) and recorded(endpoint, "frameworks")["calls"]
+    calls = recorded(endpoint, "responses")["calls"]
+    assert resp.status in ("completed", "incomplete") and resp.usage.output_tokens <= 4
+    assert resp.output_text == endpoint["tok"].decode(calls[0]["output_ids"], skip_special_tokens=True)
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed",
+                                                                        "response.incomplete")
+    assert len(calls) == 2
+    gone = httpx.get(f"{base}/sessions/responses/v1/responses/{resp.id}", headers=AUTH)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "responses_not_stored"
+    assert by_header.choices[0].message.role == "assistant" and len(recorded(endpoint, "by-header")["calls"]) == 1
+    a, b = (s.choices[0].model_extra["token_ids"] for s in seeded)
+    assert a == b
+    for data, needle in [(b'{"model": "m", "prompt": "\\udc00"}', "lone surrogate"),
+                         (b"[" * 9_000 + b"]" * 9_000, "nested too deeply"),
+                         (b'{"model": "m", "prompt": "\xfe"}', "not UTF-8")]:
+        res = httpx.post(f"{base}/sessions/malformed/v1/completions", content=data,
+                         headers={"content-type": "application/json", **AUTH})
+        assert res.status_code == 400 and needle in res.json()["error"]["message"]
+        assert res.json()["error"]["type"] == "invalid_request_error"
+    big = "1" * (MAX_REQUEST_BYTES - 1000)  # under the byte cap, past any tokenization of the context
+    res = httpx.post(f"{base}/sessions/big/v1/chat/completions", headers=AUTH, timeout=60, json={
+        "model": "m", "messages": [{"role": "tool", "content": big}]})
+    assert res.status_code == 400 and res.json()["error"]["code"] == "context_length_exceeded"
+    assert "bytes, at least" in res.json()["error"]["message"]
+    assert httpx.get(f"{base}/nowhere", headers=AUTH).json()["error"]["code"] == "unknown_url"
+    for sid in ("by-header", "seed-a", "seed-b", "frameworks", "responses", "big"):
+        httpx.delete(f"{base}/sessions/{sid}", headers=AUTH)

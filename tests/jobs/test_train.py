@@ -59,6 +59,9 @@ def check_run(run_dir, mlflow_db, summary: dict, steps_n: int, eta: int, push_pa
     assert run.data.params["algo.eta"] == str(eta)
     history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "reward_mean")
     assert len(history) == steps_n
+    # the policy's entropy and the engine/trainer mismatch, measured by every step
+    assert all(s["entropy"] > 0 and s["mismatch_k3"] >= 0 for s in steps)
+    assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "entropy")) == steps_n
     return steps
 
 

@@ -41,7 +41,8 @@ def test_driver_records_a_step_and_pool_sizes(ray_cluster):
     m = DriverMetrics("t")
     m.step({"version": 3, "n_samples": 16, "n_tokens": 800, "reward_mean": 0.5,
             "staleness_hist": {"0": 10, "2": 6}, "push_gather_s": 0.1, "push_transfer_s": 0.2,
-            "push_load_s": 0.3, "push_total_s": 0.7, "step_s": 2.0, "wait_s": 0.5})
+            "push_load_s": 0.3, "push_total_s": 0.7, "step_s": 2.0, "wait_s": 0.5,
+            "entropy": 2.5, "mismatch_k3": 0.01, "correction_masked_frac": None})
     m.replicas(2)
     m.reward_actors(1)
 

@@ -66,6 +66,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -226,6 +227,28 @@ def stage_file(state_dict: dict, owner: str = "") -> Path:
     return path
 
 
+IPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM makes its ZMQ IPC sockets (the temp dir)
+
+
+def ipc_dir(owner: str) -> Path | None:
+    """A dir of the job's own, in the temp dir, for the sockets of this process's vLLM
+    engines (set as VLLM_RPC_BASE_PATH before the engine starts): vLLM leaves its socket
+    files wherever a killed engine was, and a dir named for its owner (ownership.Owned:
+    the job's tag, this pid) is removed at shutdown or, when the process was killed, by
+    the owner's sweep. None without an owner or where the user set the variable."""
+    current = os.environ.get(IPC_ENV)
+    if not owner or (current and not Path(current).name.startswith("areal-ipc-")):
+        return None
+    from areal_ray.cluster.cleanup import weight_file_name
+    from areal_ray.weights.staging import disk_dir
+    # One name per process and owner: vLLM may cache the variable in this process
+    # (in-process engine core), so a later engine here must find the same dir.
+    path = disk_dir() / weight_file_name("ipc", owner, "vllm")
+    path.mkdir(exist_ok=True)
+    os.environ[IPC_ENV] = str(path)
+    return path
+
+
 def check_sleep_mode(args: dict) -> bool:
     """Whether the engine is asked for vLLM's sleep mode; raises where vLLM has none
     (its ModelConfig would refuse later with a message that names no setting of ours)."""
@@ -265,8 +288,14 @@ class VLLMEngine(VLLMAdapters, GatedEngine):
         if on_cpu:
             for k, v in cpu_env(threads).items():
                 os.environ.setdefault(k, v)
-        self._attach(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), version=version,
-                     prefix_caching=bool(args["enable_prefix_caching"]),
+        self._ipc_dir = ipc_dir(owner)
+        try:
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        except BaseException:
+            if self._ipc_dir is not None:
+                shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            raise
+        self._attach(engine, version=version, prefix_caching=bool(args["enable_prefix_caching"]),
                      sleep_mode=sleep_mode, record_digest=record_digest, owner=owner)
         self.model_path, self.dtype = model_path, dtype
 
@@ -491,3 +520,5 @@ class VLLMEngine(VLLMAdapters, GatedEngine):
     def shutdown(self) -> None:
         self.engine.shutdown()
         self._remove_lora_dirs()
+        if getattr(self, "_ipc_dir", None) is not None:  # after its engine processes ended
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)

@@ -20,8 +20,13 @@ EOS or at token ids, and return one sample per request, so:
   assistant message carrying them continues the recorded tokens (tool_calls.py).
 - `stream: true` answers in server-sent events (sse.py); the chunks are cut from the
   finished answer, so they assemble to exactly the non-streamed one.
-- Fields that do not change sampling (`user`, `seed`, `metadata`, `store`, ...) are
-  ignored; an unknown field is a 400 naming it, as OpenAI answers.
+- Fields that do not change sampling (`user`, `metadata`, `store`, ...) are ignored;
+  an unknown field is a 400 naming it, as OpenAI answers. `seed` is honoured: each
+  choice, and each resubmission of it after a weight push, samples with a seed derived
+  from it (rollout/seeds.py), so the same request draws the same tokens where the
+  engine is batch-invariant. `parallel_tool_calls` may be true (the parser returns
+  every call the model wrote) but not false: nothing makes the model write only one.
+  `reasoning_effort`, `verbosity` and `modalities` other than text are refused.
 - `logprobs` gives the sampled token's logprob only (`top_logprobs` lists are empty).
 - `return_token_ids: true` (an extension, as in vLLM) adds `prompt_token_ids`,
   `token_ids` and the policy `versions` of the output to the choice.
@@ -42,17 +47,25 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-IGNORED = {"user", "seed", "metadata", "store", "service_tier", "prompt_cache_key",
-           "safety_identifier", "parallel_tool_calls", "stream_options", "modalities",
-           "reasoning_effort", "verbosity", "model"}
+from areal_ray.rollout.seeds import SEED_BITS
+
+IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key",
+           "safety_identifier", "stream_options", "model"}
 # field -> the values that mean "not used" (None is always accepted)
 MUST_BE_DEFAULT = {"n": (1,), "stream": (False,), "top_p": (1, 1.0), "frequency_penalty": (0, 0.0),
                    "presence_penalty": (0, 0.0), "logit_bias": ({},), "echo": (False,),
                    "best_of": (1,), "suffix": ("",), "tools": ([],), "functions": ([],),
                    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
                    "response_format": ({"type": "text"},), "audio": (), "prediction": (),
-                   "web_search_options": ()}
-COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids", "stream", "n"}
+                   "web_search_options": (), "modalities": (["text"],), "reasoning_effort": (),
+                   "verbosity": (), "parallel_tool_calls": (True,)}
+# Why a field of MUST_BE_DEFAULT is refused, where the generic reason does not say it.
+WHY_NOT = {"parallel_tool_calls": "the parser returns every call the model writes, and "
+                                  "nothing makes the model write at most one",
+           "reasoning_effort": "the model has no reasoning setting",
+           "verbosity": "the model has no verbosity setting",
+           "modalities": "it answers in text only"}
+COMMON = {"max_tokens", "temperature", "stop", "logprobs", "return_token_ids", "stream", "n", "seed"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
 MAX_STOPS = 4  # as OpenAI
@@ -104,6 +117,7 @@ class GenRequest:
     n: int = 1  # choices: samples of the same prompt ids
     stop_strings: list[str] = field(default_factory=list)  # stops longer than one token
     pause_ids: list[int] = field(default_factory=list)  # their last tokens, where the engine pauses
+    seed: int | None = None  # the request's seed: each choice's calls are seeded from it
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
@@ -117,8 +131,9 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
         if name in allowed:  # this route takes it (checked where it is read)
             continue
         if value is not None and value not in ok:
-            raise bad(f"{name}={value!r} is not supported by this endpoint "
-                      "(it samples with a temperature and stops on token ids)", name)
+            why = WHY_NOT.get(name, "it samples with a temperature and stops on token ids")
+            raise bad(f"{name}={value!r} is not supported by this endpoint ({why}): "
+                      f"leave {name} out", name)
     if not isinstance(body.get("model"), str):
         raise bad("model: a string is required", "model")
 
@@ -196,7 +211,8 @@ def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[st
         raise bad("stream_options must be an object like {include_usage: bool}", "stream_options")
     ids, strings, pauses = stops(body.get("stop"), encode)
     n = _int(body, "n", 1, MAX_N) or 1
-    return dict(model=body["model"], max_tokens=budget or defaults.max_tokens, n=n,
+    seed = _int(body, "seed", 0, 2 ** SEED_BITS - 1)
+    return dict(model=body["model"], max_tokens=budget or defaults.max_tokens, n=n, seed=seed,
                 temperature=float(defaults.temperature if t is None else t),
                 stop_ids=ids + pauses, stop_strings=strings, pause_ids=pauses,
                 return_token_ids=bool(rti),
@@ -350,3 +366,44 @@ def chat_response(req: GenRequest, prompt_ids: list[int], choices: list[Choice])
 def models_response(name: str, created: int) -> dict:
     return {"object": "list",
             "data": [{"id": name, "object": "model", "created": created, "owned_by": "areal-ray"}]}
+
+
+# The header that names the session when the base URL does not (`<prefix>/v1`).
+SESSION_HEADER = "x-areal-session"
+SESSION_ROUTES = ("POST chat/completions", "POST completions", "POST responses", "GET models")
+
+
+def session_url(url: str) -> str:
+    """The session form of the base URL a request was sent to: everything before its
+    `/v1` (or before the route, when it has none), then `/sessions/<sid>/v1`."""
+    head = url.split("?")[0]
+    cut = head.rfind("/v1")
+    head = head[:cut] if cut >= 0 else head.rsplit("/", 1)[0]
+    if "/sessions/" in head:
+        head = head[:head.rfind("/sessions/")]
+    return f"{head.rstrip('/')}/sessions/<sid>/v1"
+
+
+def no_session(url: str) -> APIError:
+    """A call on `<prefix>/v1` that names no session: every call belongs to one (its
+    tokens are recorded for training), so the answer says how to name it."""
+    return APIError(400, f"no session: this endpoint records each agent's calls as a session, "
+                         f"named in the base URL (base_url='{session_url(url)}', <sid> a name of "
+                         f"letters, digits or '-_.:') or in the '{SESSION_HEADER}' header "
+                         f"(default_headers={{'{SESSION_HEADER}': <sid>}} on the openai client)",
+                    None, "session_required")
+
+
+def unknown_route(method: str, url: str) -> APIError:
+    """A 404 in OpenAI's format for a route the endpoint does not have, naming the
+    routes it has (for the Responses API's stored responses, what to do instead)."""
+    path = url.split("?")[0]
+    if "/v1/responses/" in path:
+        return APIError(404, "the endpoint stores no responses: it serves POST /v1/responses only "
+                             "(send the whole input each time, the Agents SDK's default; or "
+                             "Chat Completions: OpenAIChatCompletionsModel in the Agents SDK, "
+                             "ChatOpenAI(use_responses_api=False) in LangChain)",
+                        None, "responses_not_stored")
+    return APIError(404, f"no route {method} {path}: this endpoint serves "
+                         f"{', '.join(SESSION_ROUTES)} under {session_url(url)} "
+                         "(and GET, DELETE of the session itself)", None, "unknown_url")

@@ -16,7 +16,10 @@ anything is generated; `max_tokens` is cut to the run's `rollout.max_new_tokens`
 to the room the context leaves (a call asking for more ends "length" there, as its
 `finish_reason` says, so agent code written with a large `max_tokens` runs unchanged).
 A request the replica refuses all the same (its engine's context may be shorter than
-the model config's) is a 400 with its message.
+the model config's) is a 400 with its message. A text prompt that cannot fit the
+context is refused by its UTF-8 bytes before it is tokenized (payload.check_fits), and
+prompts are rendered and tokenized in threads (TOKENIZE_THREADS): a long one never
+holds up the event loop every other session's calls run on.
 
 The session store's bounds (sessions.py) answer here: a new session when the store is
 full of live ones is a 429, a call past the session's byte budget a 400; either way
@@ -27,7 +30,8 @@ call and Sample (sessions.py: a fork).
 
 Chat requests with `tools` go through tool_calls.py (rendering, the run's vLLM tool
 parser, assistant tool calls replayed as the recorded text); `stream: true` answers
-are cut into chunks from the finished answer (sse.py).
+are cut into chunks from the finished answer (sse.py). The Responses API is the chat
+call it maps to (responses.py). A `seed` seeds each choice's engine calls.
 
 The deployment (deployments/openai_api.py) maps routes onto these methods; tests drive
 them with an in-process engine.
@@ -36,13 +40,16 @@ them with an in-process engine.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from areal_ray.rollout.engines.limits import ContextFull, RequestLimits, RequestRejected
 from areal_ray.rollout.interruptible import PartialSample, generate_rounds
 from areal_ray.rollout.openai.auth import EndpointError
+from areal_ray.rollout.openai.payload import check_fits, max_token_bytes
 from areal_ray.rollout.openai.protocol import (
     CONTEXT_LENGTH_EXCEEDED,
     APIError,
@@ -57,10 +64,12 @@ from areal_ray.rollout.openai.protocol import (
     parse_defaults,
     render_chat,
 )
+from areal_ray.rollout.openai.responses import chat_request, response_events, response_of
 from areal_ray.rollout.openai.sessions import SessionsFull, SessionStore, SessionTooLarge
 from areal_ray.rollout.openai.sse import EventStream, chat_chunks, completion_chunks
 from areal_ray.rollout.openai.stop_strings import run_to_stop_strings
 from areal_ray.rollout.openai.tool_calls import output_digest, replay_messages
+from areal_ray.rollout.seeds import request_seed
 
 if TYPE_CHECKING:
     from areal_ray.rollout.engine_client import EngineClient
@@ -70,6 +79,10 @@ MAX_SID_CHARS = 200
 # Letters, digits and `-_.:` (a uuid, a name with a counter): nothing that needs
 # escaping in a URL or a log line.
 SID = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_SID_CHARS}}}")
+# Threads that render and tokenize prompts, off the event loop every session's calls
+# share: a long prompt then delays only its own call (a few at once, so one long
+# prompt does not queue the others' behind it).
+TOKENIZE_THREADS = 4
 
 
 class OpenAIService:
@@ -85,6 +98,14 @@ class OpenAIService:
         self.max_tokens_cap = max_tokens_cap
         self.tool_parser = tool_parser
         self.created = int(time.time())
+        self.token_bytes = max_token_bytes(tokenizer)  # payload.check_fits's bound
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def _off_loop(self, fn, *args):
+        """`fn(*args)` in a tokenizing thread, awaited (see TOKENIZE_THREADS)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openai-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -109,11 +130,15 @@ class OpenAIService:
                 prompt_ids, extends = session.prompt_ids_of_tokens(
                     self.limits.token_ids(token_prompt, "prompt token"))
                 text = self.decode(prompt_ids, False)  # only ids in the vocabulary decode
-            else:
-                prompt_ids, extends = session.prompt_ids(text)
+            else:  # refused by its bytes before any of it is tokenized, then off the loop
+                check_fits(text, self.limits.max_context, self.token_bytes,
+                           "messages" if req.messages else "prompt")
+                prompt_ids, extends = await self._off_loop(session.prompt_ids, text)
             self.store.check_room(session, text, len(prompt_ids), req.n)  # before any is generated
             budget = self.limits.fit(len(prompt_ids), min(req.max_tokens, self.max_tokens_cap or req.max_tokens))
-            parts = [PartialSample(prompt_ids, budget) for _ in range(req.n)]
+            parts = [PartialSample(prompt_ids, budget, None if req.seed is None else
+                                   functools.partial(request_seed, req.seed, 0, i))
+                     for i in range(req.n)]
             if req.stop_strings:  # each its own pauses
                 await asyncio.gather(*[run_to_stop_strings(
                     lambda p=p: generate_rounds(self.client.generate_batch, [p], req.temperature, req.stop_ids),
@@ -184,7 +209,7 @@ class OpenAIService:
                       "send tool_choice='none' to only render the tools", "tool_choice")
         parser_request = self.tool_parser.request(req.tools, req.tool_choice) if parse else None
         messages = replay_messages(req.messages, self._generated_text(sid))
-        text = render_chat(self.tokenizer, messages, req.tools)
+        text = await self._off_loop(render_chat, self.tokenizer, messages, req.tools)
         prompt_ids, choices, first = await self._generate(sid, req, text, None)
         if parse:  # each choice's call ids name its own recorded call
             for i, c in enumerate(choices):
@@ -192,6 +217,16 @@ class OpenAIService:
         resp = chat_response(req, prompt_ids, choices)
         return EventStream(chat_chunks(resp, self._pieces(choices), req.include_usage)) \
             if req.stream else resp
+
+    async def responses(self, sid: str, body: dict) -> dict | EventStream:
+        """The Responses API (responses.py): the request as the chat call it maps to,
+        recorded as that call, answered as a `Response` (or its events)."""
+        chat = chat_request(body)
+        stream = chat.pop("stream", False)
+        if not isinstance(stream, bool):
+            raise bad("stream must be a boolean", "stream")
+        resp = response_of(await self.chat(sid, chat), body)
+        return EventStream(response_events(resp)) if stream else resp
 
     def models(self) -> dict:
         return models_response(self.model_name, self.created)

@@ -382,3 +382,138 @@ def test_n_streamed_choices_assemble_to_the_recorded_calls(engine):
         assert message["content"] == engine.tokenizer.decode(call["output_ids"], skip_special_tokens=True)
         assert finish in ("stop", "length")
     assert usage["completion_tokens"] == sum(len(c["output_ids"]) for c in calls)
+
+
+# ------------------------------------------- seeds, sizes, structure and routes
+def test_a_seed_is_honoured_the_same_seed_draws_the_same_tokens(engine):
+    """Each choice's call is seeded from the request's seed (rollout/seeds.py), as the
+    engine receives it; two sessions with one seed sample the same tokens at
+    temperature 1, as a run's seeded rollouts do (HFEngine samples each seeded row
+    from its own generator)."""
+    from areal_ray.rollout.seeds import request_seed
+    seeds, app = [], InProcessApp(engine)
+
+    async def recording(requests):
+        seeds.append([r.seed for r in requests])
+        return await app._generate_batch(requests)
+
+    app.generate_batch = _Method(recording)
+    svc = service(engine, app=app)
+    body = {"model": "m", "prompt": "12+3=", "max_tokens": 8, "temperature": 1.0,
+            "return_token_ids": True}
+    outs = [run(svc.completions(sid, {**body, "seed": 11, "n": 2}))["choices"] for sid in ("a", "b")]
+    run(svc.completions("c", body))
+    assert seeds == [[request_seed(11, 0, 0, 0), request_seed(11, 0, 1, 0)]] * 2 + [[None]]
+    assert [c["token_ids"] for c in outs[0]] == [c["token_ids"] for c in outs[1]]
+
+
+class SlowTokenizer:
+    """The model's tokenizer, as slow as a long prompt makes it on one text: encoding a
+    text that starts with `marker` waits until `release` is set; every text it is asked
+    to encode is noted."""
+
+    def __init__(self, tokenizer, marker: str = "99999"):
+        import threading
+        self._tok, self.marker, self.release = tokenizer, marker, threading.Event()
+        self.encoded: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __call__(self, text, **kwargs):
+        self.encoded.append(text)
+        if text.startswith(self.marker):
+            self.release.wait(timeout=30)  # a bound on a failing run, not a timing
+        return self._tok(text, **kwargs)
+
+
+def test_a_prompt_that_cannot_fit_is_refused_by_its_bytes_before_it_is_tokenized(engine):
+    tok = SlowTokenizer(engine.tokenizer)
+    svc = service(engine, tokenizer=tok, limits=RequestLimits(87, 256))
+    big = "1" * 256 * svc.token_bytes  # at least 256 tokens whatever the tokenizer does
+    for call in (svc.completions("big", {"model": "m", "prompt": big}),
+                 svc.chat("big", {"model": "m", "messages": [{"role": "tool", "content": big}]})):
+        with pytest.raises(APIError) as e:
+            run(call)
+        assert e.value.body()["error"]["code"] == "context_length_exceeded"
+        assert f"the prompt is {len(big)} bytes, at least" in e.value.message
+    assert not [t for t in tok.encoded if len(t) >= len(big)]  # never tokenized
+
+
+def test_a_long_tokenization_does_not_hold_up_another_sessions_call(engine):
+    """Session `slow`'s prompt takes until session `fast`'s call has finished to
+    tokenize: it is tokenized off the event loop, so `fast` finishes meanwhile (on the
+    loop it would wait for `slow`'s tokenization, which waits for it)."""
+    tok = SlowTokenizer(engine.tokenizer)
+    svc, order = service(engine, tokenizer=tok), []
+
+    async def slow():
+        await svc.completions("slow", {"model": "m", "prompt": "99999+1=", "max_tokens": 2})
+        order.append("slow")
+
+    async def fast():
+        while not [t for t in tok.encoded if t.startswith(tok.marker)]:
+            await asyncio.sleep(0.01)  # until `slow` is tokenizing
+        await svc.chat("fast", {"model": "m", "messages": [{"role": "user", "content": "1+1="}],
+                                "max_tokens": 2})
+        order.append("fast")
+        tok.release.set()
+
+    async def both():
+        await asyncio.gather(slow(), fast())
+
+    run(both())
+    assert order == ["fast", "slow"]
+    assert len(svc.session("slow")["calls"]) == len(svc.session("fast")["calls"]) == 1
+
+
+def raw_request(data: bytes, path: str = "/", method: str = "POST", headers=()) -> Request:
+    async def receive():
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    hs = [(b"content-type", b"application/json"), (b"authorization", f"Bearer {KEY}".encode()),
+          *[(k.encode(), v.encode()) for k, v in headers]]
+    return Request({"type": "http", "method": method, "path": path, "query_string": b"",
+                    "headers": hs, "scheme": "http", "server": ("h", 8000)}, receive)
+
+
+@pytest.mark.parametrize("data,needle", [
+    (b'{"model": "m", "prompt": "a\\ud800"}', "lone surrogate"),
+    (b'{"model": "m", "prompt": "\xff"}', "not UTF-8"),
+    (b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
+    (json.dumps({"model": "m", "prompt": "1", "tools": [json.loads('{"a":' * 100 + "1" + "}" * 100)]}).encode(),
+     "nested too deeply"),
+])
+def test_the_handler_answers_a_malformed_body_with_a_400_in_openais_format(engine, data, needle):
+    cls, server = handler(engine)
+    res = run(cls.completions(server, "malformed", raw_request(data)))
+    err = json.loads(res.body)["error"]
+    assert res.status_code == 400 and needle in err["message"]
+    assert err["type"] == "invalid_request_error" and set(err) == {"message", "type", "param", "code"}
+
+
+def test_routes_without_a_session_and_unknown_routes_name_what_to_use(engine):
+    """`<prefix>/v1` with the session header is that session's (chat and the Responses
+    API alike); without it a 400 naming the session URL; a stored response and any
+    other path a 404 in OpenAI's format naming what there is."""
+    cls, server = handler(engine)
+    for name in ("_by_header", "_refuse"):
+        setattr(server, name, MethodType(getattr(cls, name), server))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "1+1="}],
+                       "max_tokens": 2}).encode()
+    ok = run(cls.chat_completions_by_header(server, raw_request(
+        body, "/rl/v1/chat/completions", headers=[("x-areal-session", "hdr")])))
+    assert ok.status_code == 200 and len(server.local.service.session("hdr")["calls"]) == 1
+    none = run(cls.chat_completions_by_header(server, raw_request(body, "/rl/v1/chat/completions")))
+    err = json.loads(none.body)["error"]
+    assert none.status_code == 400 and "http://h:8000/rl/sessions/<sid>/v1" in err["message"]
+    resp = run(cls.responses_by_header(server, raw_request(
+        json.dumps({"model": "m", "input": "1+1=", "max_output_tokens": 2}).encode(), "/rl/v1/responses",
+        headers=[("x-areal-session", "hdr")])))
+    assert resp.status_code == 200 and json.loads(resp.body)["object"] == "response"
+    assert len(server.local.service.session("hdr")["calls"]) == 2
+    gone = run(cls.unknown(server, "v1/responses/r1", raw_request(b"", "/rl/v1/responses/r1", "GET")))
+    err = json.loads(gone.body)["error"]
+    assert gone.status_code == 404 and err["code"] == "responses_not_stored"
+    nowhere = run(cls.unknown(server, "x", raw_request(b"", "/rl/x", "GET")))
+    assert nowhere.status_code == 404 and json.loads(nowhere.body)["error"]["code"] == "unknown_url"

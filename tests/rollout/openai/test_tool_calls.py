@@ -168,21 +168,28 @@ def scripted_service(tokenizer, parser, outputs):
 
 
 def asgi_app(svc, bodies: list):
-    """The chat route over `svc` as an ASGI app (for agent frameworks' clients through
+    """The chat and responses routes over `svc` as an ASGI app (for agent frameworks' clients through
     httpx.ASGITransport, in this process); each request's body is appended to `bodies`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
     api = FastAPI()
 
-    @api.post("/sessions/{sid}/v1/chat/completions")
-    async def chat(sid: str, request: Request):
+    async def answer(method, sid: str, request: Request):
         bodies.append(await request.json())
         try:
-            got = await svc.chat(sid, bodies[-1])
+            got = await method(sid, bodies[-1])
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
         return got.response() if isinstance(got, EventStream) else JSONResponse(got)
+
+    @api.post("/sessions/{sid}/v1/chat/completions")
+    async def chat(sid: str, request: Request):
+        return await answer(svc.chat, sid, request)
+
+    @api.post("/sessions/{sid}/v1/responses")
+    async def responses(sid: str, request: Request):
+        return await answer(svc.responses, sid, request)
     return api
 
 
