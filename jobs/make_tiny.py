@@ -4,13 +4,16 @@
     python -m jobs.make_tiny task=tool_arith out=artifacts/tiny-tools
     python -m jobs.make_tiny task=tool_arith_hermes out=artifacts/tiny-agents
     python -m jobs.make_tiny task=chain_arith out=artifacts/tiny-chains
+    python -m jobs.make_tiny task=arith_bpe out=artifacts/tiny-bpe
 
 `task` picks the warm start and its defaults (tiny_model.SPECS: `arith`, the
 quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml;
 `tool_arith_hermes`, the same task in Hermes / Qwen's `<tool_call>` format for agent
 frameworks (conf/agents_sdk.yaml), which starts from artifacts/tiny-tools; `chain_arith`,
-the long-chain model of conf/longtail.yaml, which starts from artifacts/tiny); every other
-key is a field of that spec.
+the long-chain model of conf/longtail.yaml, which starts from artifacts/tiny; `arith_bpe`,
+the quickstart's task on a production tokenizer (Mistral's SentencePiece, ChatML turns;
+a Llama model; conf/quickstart_bpe.yaml), which also starts from artifacts/tiny); every
+other key is a field of that spec.
 
 The result is deterministic for a given spec and seed, and small enough to commit,
 so the quickstart starts training at once; `jobs.train` also builds it on first use.
@@ -26,7 +29,8 @@ from omegaconf import OmegaConf
 from areal_ray.task.tiny_model import SPECS, build_tiny
 
 DEFAULT_OUT = {"arith": "artifacts/tiny", "tool_arith": "artifacts/tiny-tools",
-               "tool_arith_hermes": "artifacts/tiny-agents", "chain_arith": "artifacts/tiny-chains"}
+               "tool_arith_hermes": "artifacts/tiny-agents", "chain_arith": "artifacts/tiny-chains",
+               "arith_bpe": "artifacts/tiny-bpe"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,10 +100,12 @@ def mismatch_sums(behavior_logprobs: torch.Tensor, trainer_logprobs: torch.Tenso
     chi-square divergence, the variance an IS weight adds)."""
     mask = mask.bool()
     with torch.no_grad():
-        log_r = torch.where(mask, trainer_logprobs.float() - behavior_logprobs.float(), 0.0)
+        # float64 and expm1: where the engine matches the trainer (r ~ 1) r - 1 - log r
+        # is ~(log r)^2 / 2, which float32's r - 1 rounds below zero (-2.5e-9 seen)
+        log_r = torch.where(mask, trainer_logprobs.double() - behavior_logprobs.double(), 0.0)
         log_r = log_r.clamp(-LOG_BOUND, LOG_BOUND)
-        r = torch.exp(log_r)
-        on = mask.float()
-        sums = torch.stack([(-log_r * on).sum(), ((r - 1.0 - log_r) * on).sum(),
-                            ((r * r - 1.0) * on).sum()])
+        on = mask.double()
+        k3 = (torch.expm1(log_r) - log_r).clamp_min(0.0)
+        sums = torch.stack([(-log_r * on).sum(), (k3 * on).sum(),
+                            (torch.expm1(2.0 * log_r) * on).sum()])
         return dict(zip(MISMATCH, sums.tolist()))  # one device sync, not three

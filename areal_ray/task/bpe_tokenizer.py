@@ -36,6 +36,11 @@ from pathlib import Path
 
 SOURCE = "mistral_instruct_tokenizer_240323.model.v3"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+# A user turn and the assistant's opening, as the chat template renders one user
+# message with add_generation_prompt: the embedded tasks' prompts on this tokenizer
+# (`task.prompt_template` of conf/quickstart_bpe.yaml; the special tokens are split out
+# of the text by the tokenizer).
+USER_TURN = IM_START + "user\n{prompt}" + IM_END + "\n" + IM_START + "assistant\n"
 PAD = "</s>"  # SentencePiece's end token: never generated once the chat ends at IM_END
 # `{{ "\n" }}` where a newline follows a tag: the template environment trims the
 # newline after a block tag. Written for this project (ChatML turns, Hermes tools).

@@ -208,3 +208,15 @@ def test_mismatch_sums_match_hand_computed_values():
     assert out["mismatch_k1"] == pytest.approx(0.0, abs=1e-6)
     assert out["mismatch_k3"] == pytest.approx(0.5, rel=1e-5)
     assert out["mismatch_chi2"] == pytest.approx(2.25, rel=1e-5)
+
+
+def test_k3_is_never_below_zero_where_the_engine_matches_the_trainer():
+    """r - 1 - log r >= 0 for every r; in float32 a ratio within rounding of 1 gave
+    -2.5e-9 per token in a real run (hf engine against its own trainer)."""
+    from areal_ray.algo.is_correction import mismatch_sums
+    g = torch.Generator().manual_seed(0)
+    behav = (torch.randn(8, 64, generator=g) * 3 - 5).float()
+    for eps in (0.0, 1e-7, 1e-6, 1e-5):
+        trainer = (behav + eps * torch.randn(8, 64, generator=g)).float()
+        sums = mismatch_sums(behav, trainer, torch.ones(8, 64))
+        assert sums["mismatch_k3"] >= 0.0, (eps, sums)

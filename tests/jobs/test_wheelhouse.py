@@ -6,7 +6,8 @@ nothing else of .venv). `python -m jobs.wheelhouse engine=hf have=...` builds th
 wheelhouse for this Python; the venv installs from it alone (`--no-index`, the
 machine's pip configuration off) as `make gpu-venv ENGINE=hf WHEELHOUSE=...` does, Ray
 from its lean wheel; then the quickstart job runs in that venv, from outside the
-checkout (the editable install), for two steps."""
+checkout (the editable install), for two steps, on the production-tokenizer model
+(conf/quickstart_bpe.yaml)."""
 
 import json
 import os
@@ -104,10 +105,15 @@ def test_a_fresh_venv_from_the_wheelhouse_alone_runs_the_quickstart(tmp_path):
     assert not (Path(where[0]).parent / "jars").exists()
 
     run_dir = tmp_path / "run"
-    run([py, "-m", "jobs.train", "--config", str(REPO / "conf/quickstart.yaml"), "train.steps=2",
+    # the quickstart on the production tokenizer (artifacts/tiny-bpe, ChatML prompts):
+    # the real job's every stage on it, riding this job
+    run([py, "-m", "jobs.train", "--config", str(REPO / "conf/quickstart_bpe.yaml"), "train.steps=2",
          "algo.batch_groups=2", "rollout.group_size=4", "rollout.max_new_tokens=32",
          "run.eval_before=false", "run.eval_after=false", f"run.run_dir={run_dir}",
          f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"],
         env=env, cwd=tmp_path, timeout=900)
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert len(steps) == 2
+    # every sample trained, and every push applied (the load probe, float32: exact)
+    assert all(s["n_samples"] == 8 and s["n_tokens"] > 0 for s in steps)
+    assert all(s["probe_max_diff"] == 0.0 for s in steps)
