@@ -133,20 +133,3 @@ def test_a_small_build_is_a_standard_directory_and_reproducible(tmp_path):
     assert (model.config.eos_token_id, model.config.pad_token_id, model.config.bos_token_id) == \
         (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (32_769, 2, 1)
     assert model.generation_config.eos_token_id == tok.eos_token_id
-
-
-def test_jobs_build_the_bpe_model_on_first_use_with_its_spec(tmp_path, monkeypatch):
-    import areal_ray.run.job as run
-
-    built = []
-
-    def fake_build(out, spec, log=print):
-        built.append(spec)
-        out.mkdir(parents=True)
-        (out / "config.json").write_text("{}")
-
-    monkeypatch.setattr(tiny_model, "build_tiny", fake_build)
-    monkeypatch.setattr(run, "REPO_ROOT", tmp_path)  # no committed model to find
-    monkeypatch.chdir(tmp_path)
-    assert run.resolve_model("artifacts/tiny-bpe") == str((tmp_path / "artifacts/tiny-bpe").resolve())
-    assert [type(s) for s in built] == [tiny_model.BpeArithSpec]
