@@ -356,13 +356,13 @@ async def _engine_round(engine, model, tok_ids: list[int], context: int, release
     from areal_ray.algo.logprobs import token_logprobs
     from areal_ray.rollout.engines.base import GenerationRequest
     from areal_ray.train.probe import model_probe
-    from areal_ray.weights.probe import ProbeMismatch, probe_ids
+    from areal_ray.weights.probe import ProbeMismatch, max_abs_diff, probe_ids
     ids = probe_ids(engine.limits.vocab_size)
     trainer0 = model_probe(model)
     engine0 = await engine.score(ids)
     check.baseline(*trainer0)
     check.register("engine", (ids, engine0))
-    gap0 = max(abs(a - b) for a, b in zip(engine0, trainer0[1]))
+    gap0 = max_abs_diff(engine0, trainer0[1])
     first = await engine.generate(GenerationRequest(tok_ids, 16, temperature=1.0, ignore_eos=True))
     # The longest request the model's context allows (sglang refuses more than that).
     budget = context - len(tok_ids) - 1

@@ -27,8 +27,10 @@ from ray import serve
 
 from areal_ray.cluster.plan import (
     TRAINER,
+    Demand,
     Node,
     Placement,
+    can_host,
     demands,
     memory_error,
     memory_plan,
@@ -107,18 +109,14 @@ def mount_fstype(path: str, mounts: str) -> str:
     return fstype
 
 
-def run_hosts(nodes: list[dict], here: str, cpus: float, gpus: float) -> list[str]:
+def run_hosts(nodes: list[dict], here: str, trainer: Demand) -> list[str]:
     """The nodes that use the run dir as Ray Train's storage, among `nodes` (as
     `ray.nodes()` lists them): the job's own (node id `here`: its driver and Ray Train's
-    controller) and every alive node with the resources of one trainer worker (`cpus`,
-    `gpus`); when none has them now, an autoscaler's node yet to join."""
+    controller) and every alive node that could host one `trainer` worker (its CPUs,
+    GPUs and node type, as `place` judges a node); when none can now, an autoscaler's
+    node yet to join."""
     alive = [n for n in nodes if n.get("Alive")]
-
-    def fits(n: dict) -> bool:
-        res = n.get("Resources", {})
-        return res.get("CPU", 0) + 1e-9 >= cpus and (not gpus or res.get("GPU", 0) + 1e-9 >= gpus)
-
-    capable = [n for n in alive if fits(n)]
+    capable = [info for info in alive if can_host(Node.from_ray(info), trainer)]
     ids = [here] + [n["NodeID"] for n in capable if n["NodeID"] != here]
     names = {n["NodeID"]: n.get("NodeManagerAddress") or n["NodeID"][:8] for n in alive}
     return [names.get(i, i[:8]) for i in ids] + ([] if capable else [LATER_NODE])
@@ -148,7 +146,7 @@ def check_run_dir(cfg, run_dir: str, nodes: list[dict] | None = None, here: str 
     trainer = next(d for d in demands(cfg) if d.role == TRAINER)
     nodes = ray.nodes() if nodes is None else nodes
     here = ray.get_runtime_context().get_node_id() if here is None else here
-    hosts = run_hosts(nodes, here, trainer.cpus, trainer.gpus)
+    hosts = run_hosts(nodes, here, trainer)
     if mounts is None:
         try:
             mounts = Path("/proc/self/mounts").read_text()

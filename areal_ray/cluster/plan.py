@@ -66,6 +66,12 @@ class Node:
                    float(res.get("CPU", 0)), int(res.get("GPU", 0)),
                    resources=custom, labels=dict(info.get("Labels") or {}))
 
+    def node_type(self) -> str:
+        """The node's name with its custom resources and labels (roles.py)."""
+        res = ", ".join(f"{k}={v:g}" for k, v in self.resources.items()) or "no custom resources"
+        labels = ", ".join(f"{k}={v}" for k, v in self.labels.items())
+        return f"{self.name} ({res}{', labels ' + labels if labels else ''})"
+
 
 def cluster_shape(nodes: int = 1, cpus: float = 16, gpus: int = 1,
                   gpu_memory_gib: float = 80.0) -> list[Node]:
@@ -164,8 +170,17 @@ class Placement:
         return out
 
 
+def _idle(n: Node) -> _Free:
+    return _Free(n, n.cpus, [1.0] * n.gpus, dict(n.resources))
+
+
+def can_host(n: Node, d: Demand) -> bool:
+    """Whether node `n`, idle, could host one actor of `d` (by `place`'s rules)."""
+    return _idle(n).take(d) is not None
+
+
 def place(needs: list[Demand], nodes: list[Node]) -> Placement:
-    free = [_Free(n, n.cpus, [1.0] * n.gpus, dict(n.resources)) for n in nodes]
+    free = [_idle(n) for n in nodes]
     out = Placement(nodes)
     for d in needs:
         for i in range(d.count):
@@ -197,10 +212,7 @@ def placement_error(needs: list[Demand], p: Placement) -> str:
             lines.append(f"{d.role}s need nodes with {d.needs.describe()}: "
                          + (f"only {', '.join(hosts)} {'has' if len(hosts) == 1 else 'have'} them"
                             if hosts else "no node has them (ray start --resources / --labels)")
-                         + "; nodes: " + "; ".join(
-                             f"{n.name} ({', '.join(f'{k}={v:g}' for k, v in n.resources.items()) or 'no custom resources'}"
-                             f"{', labels ' + ', '.join(f'{k}={v}' for k, v in n.labels.items()) if n.labels else ''})"
-                             for n in p.nodes) + ".")
+                         + "; nodes: " + "; ".join(n.node_type() for n in p.nodes) + ".")
     if any(d.gpus for d in needs):
         lines.append("Fewer replicas or workers (rollout.min_replicas, train.num_workers), or "
                      "fractional GPUs (rollout.num_gpus, train.num_gpus_per_worker) sharing a "

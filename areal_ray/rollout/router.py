@@ -64,29 +64,34 @@ def request_cost(pending: PendingRequest) -> int:
 
 
 class Outstanding:
-    """The budget routed to each replica and not completed (pure: no Serve)."""
+    """The budget routed to each replica and not completed (pure: no Serve). Totals
+    are kept beside the entries: every routed request ranks each replica by them."""
 
     def __init__(self):
         # replica -> {request id: cost}, oldest first (dicts keep insertion order)
         self._by_replica: dict[object, dict[str, int]] = defaultdict(dict)
-        self.released_stale = 0  # entries released by `reconcile`: completions never seen
+        self._tokens: dict[object, int] = defaultdict(int)
 
     def routed(self, replica, request_id: str, cost: int) -> None:
+        self.completed(replica, request_id)  # the same id sent there again replaces it
         self._by_replica[replica][request_id] = cost
+        self._tokens[replica] += cost
 
     def completed(self, replica, request_id: str) -> None:
-        self._by_replica.get(replica, {}).pop(request_id, None)
+        cost = self._by_replica.get(replica, {}).pop(request_id, None)
+        if cost is not None:
+            self._tokens[replica] -= cost
 
     def reconcile(self, replica, running: int) -> None:
         """Serve says `replica` runs `running` requests (from every caller): more
         entries than that cannot all be live; the oldest are released."""
         held = self._by_replica.get(replica)
         while held and len(held) > max(0, running):
-            held.pop(next(iter(held)))
-            self.released_stale += 1
+            self._tokens[replica] -= held.pop(next(iter(held)))
 
     def forget(self, replica) -> None:
         self._by_replica.pop(replica, None)
+        self._tokens.pop(replica, None)
 
     def rank(self, replica, serve_count: int | None) -> tuple[int, int]:
         """(budget, requests) to rank `replica` by, given Serve's count of the requests
@@ -99,13 +104,13 @@ class Outstanding:
         return (self.tokens(replica), self.requests(replica))
 
     def tokens(self, replica) -> int:
-        return sum(self._by_replica.get(replica, {}).values())
+        return self._tokens.get(replica, 0)
 
     def requests(self, replica) -> int:
         return len(self._by_replica.get(replica, {}))
 
     def by_replica(self) -> dict:
-        return {r: sum(held.values()) for r, held in self._by_replica.items()}
+        return {r: self._tokens[r] for r in self._by_replica}
 
 
 class LeastOutstandingTokensRouter(RequestRouter):

@@ -164,7 +164,6 @@ class ProbeCheck:
 
     def __init__(self, rule: ProbeRule | float):
         self.rule = rule if isinstance(rule, ProbeRule) else ProbeRule(atol=float(rule))
-        self.atol = self.rule.atol
         self.expected: dict[int, tuple[list[int], list[float]]] = {}
         self._previous: list[float] | None = None
         self.signal: dict[int, float | None] = {}

@@ -12,6 +12,8 @@ from areal_ray.cluster.placement import (
     run_dir_problem,
     run_hosts,
 )
+from areal_ray.cluster.plan import TRAINER, Demand
+from areal_ray.cluster.roles import NodeRequirement
 from areal_ray.config import ConfigError, load_config
 
 MOUNTS = "\n".join([
@@ -72,7 +74,14 @@ HEAD = "01" * 28
     ([node(1, cpus=8)], 4, 1, ["10.0.0.1", LATER_NODE]),
 ])
 def test_the_nodes_that_use_the_run_dir(nodes, cpus, gpus, hosts):
-    assert run_hosts(nodes, HEAD, cpus, gpus) == hosts
+    assert run_hosts(nodes, HEAD, Demand(TRAINER, cpus, gpus, 1)) == hosts
+
+
+def test_a_trainer_pinned_to_a_node_type_uses_only_nodes_of_it():
+    nodes = [node(1, gpus=4), {**node(2, gpus=4), "Labels": {"pool": "train"}}]
+    pinned = Demand(TRAINER, 4, 1, 1, NodeRequirement(labels={"pool": "train"}))
+    assert run_hosts(nodes, HEAD, pinned) == ["10.0.0.1", "10.0.0.2"]
+    assert run_hosts(nodes, "02" * 28, pinned) == ["10.0.0.2"]  # the job on the train node
 
 
 @pytest.mark.parametrize("hosts, fstype, shared, refused", [
