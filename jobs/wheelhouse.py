@@ -46,9 +46,13 @@ from pathlib import Path
 try:
     from packaging.markers import default_environment
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name as canonical
 except ImportError:  # pip's own copy
     from pip._vendor.packaging.markers import default_environment
     from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name as canonical
+
+from jobs.gpu_prereqs import ENGINES
 
 REPO = Path(__file__).resolve().parent.parent
 LAYERS = {  # engine: requirement files in install order (`make gpu-venv`)
@@ -58,7 +62,8 @@ LAYERS = {  # engine: requirement files in install order (`make gpu-venv`)
 }
 # The oldest glibc each engine's wheels need (jobs/gpu_prereqs.py checks the machine):
 # the default target platform, which also admits every wheel built for an older one.
-PLATFORMS = {"sglang": "manylinux_2_34_x86_64", "vllm": "manylinux_2_28_x86_64", "hf": "manylinux_2_28_x86_64"}
+PLATFORMS = {**{e: "manylinux_{}_{}_x86_64".format(*glibc) for e, (_, _, glibc) in ENGINES.items()},
+             "hf": "manylinux_2_28_x86_64"}
 KEYS = ("engine", "python", "platform", "have", "dashboard", "out")
 RAY_JARS = "ray/jars/"
 # The web client's scripts and the profiler viewer. index.html, the icon, the fonts and
@@ -67,10 +72,6 @@ RAY_DASHBOARD_CLIENT = ("ray/dashboard/client/build/static/js/",
                         "ray/dashboard/client/build/speedscope-")
 MANIFEST = "wheelhouse.json"
 MIB = 2**20
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def expand_platform(platform: str) -> list[str]:

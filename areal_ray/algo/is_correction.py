@@ -19,24 +19,10 @@ from __future__ import annotations
 import torch
 
 from areal_ray.algo.corrections import CORRECTIONS, OFF, bounds
+from areal_ray.algo.gspo import sequence_sums
 
 LOG_BOUND = 20.0  # exp(+-20): verl's safety bound on IS log-ratios
 MISMATCH = ("mismatch_k1", "mismatch_k3", "mismatch_chi2")
-
-
-def _seq_sums(x: torch.Tensor, seq_ids: torch.Tensor, mask: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each masked token gets its sequence's sum of `x` and masked-token count (0 off
-    the mask)."""
-    idx = torch.where(mask, seq_ids, 0).reshape(-1).long()
-    n = int(idx.max()) + 1 if mask.any() else 1
-    vals = torch.where(mask, x, 0.0).reshape(-1)
-    sums = torch.zeros(n, dtype=vals.dtype, device=vals.device).index_add(0, idx, vals)
-    counts = torch.zeros(n, dtype=vals.dtype, device=vals.device).index_add(
-        0, idx, mask.reshape(-1).to(vals.dtype))
-    def back(v):
-        return torch.where(mask, v[idx].reshape(mask.shape), 0.0)
-    return back(sums), back(counts)
 
 
 def behaviour_correction(log_w: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor | None,
@@ -61,9 +47,7 @@ def behaviour_correction(log_w: torch.Tensor, mask: torch.Tensor, seq_ids: torch
     token = log_w.clamp(-LOG_BOUND, LOG_BOUND)
     seq_log = geo_log = None
     if needs_seq:
-        if bool((seq_ids[mask] < 0).any()):
-            raise ValueError("behaviour_correction: a masked token has a negative seq_id")
-        total, count = _seq_sums(log_w, seq_ids, mask)
+        total, count = sequence_sums(log_w, seq_ids, mask, "behaviour_correction")
         geo_log = (total / count.clamp(min=1.0)).clamp(-LOG_BOUND, LOG_BOUND)
         seq_log = total.clamp(-LOG_BOUND, LOG_BOUND)
 

@@ -156,7 +156,7 @@ def decoupled_ppo_loss(
             "behav_weight_mean": masked_mean(behav_w, mask),
             "behav_weight_max": torch.where(mask, behav_w, 0.0).max()
             if mask.any() else torch.zeros(()),
-            "capped_frac": masked_mean((mask & ~keep).float(), mask),
+            "capped_frac": corr_stats["correction_masked_frac"],  # the same tokens
             # k3 estimator of KL(pi_prox || pi_theta): non-negative, low variance.
             "approx_kl": masked_mean(torch.exp(-token_log_ratio) - 1.0 + token_log_ratio, mask),
             "ratio_mean": masked_mean(ratio.detach(), mask),
@@ -213,14 +213,18 @@ def cispo_loss(x: LossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor
     Unlike PPO's clip, which zeroes the gradient of a clipped token, every token keeps
     a gradient; the clip only bounds its weight. The behaviour weight (and any
     `algo.loss.correction`) applies as in the decoupled objective; token level only."""
+    _check_args({"logprobs": x.logprobs, "proximal": x.proximal_logprobs,
+                 "behavior": x.behavior_logprobs, "advantages": x.advantages,
+                 "loss_mask": x.loss_mask, "seq_ids": x.seq_ids, "ref_logprobs": x.ref_logprobs},
+                None, "token", cfg.kl_coef, cfg.kl_estimator)
     mask = x.loss_mask.bool()
     denom = torch.as_tensor(x.normalizer, dtype=torch.float32,
                             device=x.logprobs.device).clamp(min=1.0)
-    log_ratio = torch.where(mask, x.logprobs.float() - x.proximal_logprobs.float(), 0.0)
+    log_ratio, adv = _log_ratio_and_adv(x.logprobs, x.proximal_logprobs, x.advantages, mask,
+                                        "token", None)
     ratio = torch.exp(log_ratio).detach()
     lo, hi = 1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high
     clipped = ratio.clamp(lo, hi)
-    adv = torch.where(mask, x.advantages.float(), 0.0)
     behav_w, keep, corr_stats = behaviour_weight(x.proximal_logprobs, x.behavior_logprobs, mask,
                                                  cfg.behav_imp_weight_cap, correction_args(cfg),
                                                  x.seq_ids)
@@ -236,7 +240,7 @@ def cispo_loss(x: LossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor
             "behav_weight_mean": masked_mean(behav_w, mask),
             "behav_weight_max": torch.where(mask, behav_w, 0.0).max()
             if mask.any() else torch.zeros(()),
-            "capped_frac": masked_mean((mask & ~keep).float(), mask),
+            "capped_frac": corr_stats["correction_masked_frac"],  # the same tokens
             "approx_kl": masked_mean(torch.exp(-log_ratio) - 1.0 + log_ratio, mask),
             "kl_ref": masked_mean(kl, mask) if kl is not None else torch.zeros(()),
             **corr_stats,

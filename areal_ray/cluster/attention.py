@@ -217,7 +217,8 @@ def check_attention_on_nodes(attn_implementation: str, use_gpu: bool,
         return []
     import ray
     targets = gpu_nodes(ray.nodes() if nodes is None else nodes)
-    refs = {label: _ask_node(node_id, attn_implementation, use_gpu)
+    task = ray.remote(num_cpus=0, max_retries=0)(node_answer)  # one function, every node
+    refs = {label: _ask_node(task, node_id, attn_implementation, use_gpu)
             for node_id, label in targets.items()}
     answers = dict(zip(refs, ray.get(list(refs.values()), timeout=NODE_CHECK_TIMEOUT_S)))
     lines = nodes_verdict(answers)
@@ -227,9 +228,7 @@ def check_attention_on_nodes(attn_implementation: str, use_gpu: bool,
 
 
 
-def _ask_node(node_id: str, attn_implementation: str, use_gpu: bool):
-    import ray
+def _ask_node(task, node_id: str, attn_implementation: str, use_gpu: bool):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    task = ray.remote(num_cpus=0, max_retries=0)(node_answer)
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
                         ).remote(attn_implementation, use_gpu)

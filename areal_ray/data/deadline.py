@@ -18,6 +18,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from areal_ray.observe.utilization import percentile
+
 
 @dataclass
 class EpisodeDeadline:
@@ -43,8 +45,7 @@ class EpisodeDeadline:
         if not self._recent:
             return None
         if self._p99 is None:
-            ordered = sorted(self._recent)
-            self._p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+            self._p99 = percentile(list(self._recent), 99)
         return self._p99
 
     def adaptive(self) -> bool:

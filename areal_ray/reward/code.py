@@ -42,10 +42,8 @@ def extract_code(response: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def check_tests(tests: object) -> object:
-    """A row's `tests`, checked, as its `answer` holds them (code_tests.checked);
-    ValueError naming what is wrong."""
-    return checked(tests)
+# A row's `tests`, checked, as its `answer` holds them; ValueError naming what is wrong.
+check_tests = checked
 
 
 def run_tests(code: str, tests: object, time_limit_s: float = 2.0,

@@ -164,8 +164,9 @@ class StepTail:
 
     def _pull(self) -> None:
         try:
-            events = ray.get(self.driver.steps.remote(self._seen))
-            self.progress.watch(ray.get(self.driver.gate_state.remote()))  # a stall is said
+            events, state = ray.get([self.driver.steps.remote(self._seen),
+                                     self.driver.gate_state.remote()])
+            self.progress.watch(state)  # a stall is said
         except ray.exceptions.RayActorError:
             return  # the driver is gone: the job reports it (driver_lost)
         for ev in events:
@@ -345,7 +346,7 @@ def run_training(cfg: Config) -> dict:
                                "batches_dir": str(run_dir / RECORD_DIR), "replay_dir": replay_dir},
             scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
                                          resources_per_worker=worker_resources(cfg),
-                                         label_selector=dict(cfg.train.node_labels) or None),
+                                         label_selector=NodeRequirement.of(cfg.train).labels or None),
             datasets=datasets,
             dataset_config=DataConfig(enable_shard_locality=False),
             # A fixed name under the run dir: a new job with the same run dir (run.resume)

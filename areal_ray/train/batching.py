@@ -138,10 +138,14 @@ def build_microbatches(mine: list[dict], max_tokens: int, packed: bool,
     return [pad_batch([mine[i] for i in b], pad_id) if b else None for b in bins]
 
 
-def forward_logprobs(model, mb: dict, temperature: float, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+def forward_logprobs(model, mb: dict, temperature: float, chunk_bytes: int = CHUNK_BYTES,
+                     entropy: str | None = None) -> torch.Tensor:
+    """A micro-batch's token logprobs, packed or padded; with `entropy` ("value" or
+    "grad", algo/logprobs.py) each position's entropy beside them, in a last axis of 2."""
     if "position_ids" in mb:
-        return packed_token_logprobs(model, mb, temperature, chunk_bytes)
-    return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, chunk_bytes)
+        return packed_token_logprobs(model, mb, temperature, chunk_bytes, entropy)
+    return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, chunk_bytes,
+                          entropy)
 
 
 def empty_forward(model, pad_id: int) -> torch.Tensor:

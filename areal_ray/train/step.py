@@ -48,10 +48,8 @@ import torch.distributed as dist
 
 from areal_ray.algo.advantages import moments, normalize
 from areal_ray.algo.finite import screen
-from areal_ray.algo.is_correction import mismatch_sums
-from areal_ray.algo.logprobs import token_logprobs
+from areal_ray.algo.is_correction import MISMATCH, mismatch_sums
 from areal_ray.algo.losses import LossInputs, policy_loss
-from areal_ray.algo.packing import packed_token_logprobs
 from areal_ray.algo.proximal import loglinear_proximal_logprobs
 from areal_ray.algo.value import value_loss
 from areal_ray.train.batching import (
@@ -72,7 +70,7 @@ POLICY_STATS = ("clip_frac", "behav_weight_mean", "capped_frac", "approx_kl", "k
                 "correction_masked_frac", "correction_truncated_frac")
 # Measured by the step itself on every micro-batch's trained tokens, whatever the loss:
 # the policy's token entropy and the engine/trainer mismatch (algo/is_correction.py).
-MEASURED = ("entropy", "mismatch_k1", "mismatch_k3", "mismatch_chi2")
+MEASURED = ("entropy", *MISMATCH)
 MAX_NOTES = 20  # lines naming non-finite values kept in a step's stats
 
 
@@ -111,17 +109,6 @@ def entropy_mode(cfg) -> str:
     """How the loss forward computes the entropy: with its gradient when it enters the
     loss, else as a value."""
     return "grad" if cfg.algo.loss.entropy_coef > 0 else "value"
-
-
-def policy_forward(model, mb: dict, temperature: float, chunk_bytes: int,
-                   entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logprobs, entropy or None) of one micro-batch, from one forward."""
-    if "position_ids" in mb:
-        out = packed_token_logprobs(model, mb, temperature, chunk_bytes, entropy)
-    else:
-        out = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature,
-                             chunk_bytes, entropy)
-    return (out, None) if entropy is None else (out[..., 0], out[..., 1])
 
 
 def measured_sums(mb: dict, logp: torch.Tensor, ent: torch.Tensor | None) -> dict[str, float]:
@@ -267,7 +254,8 @@ def _train(m: Models, seqs: list[dict], cfg, pad_id: int, version: int, notes: l
             if mb is None:
                 (empty_forward(m.policy, pad_id) * world).backward()
                 continue
-            logp, ent = policy_forward(m.policy, mb, temp, chunk, ent_mode)
+            out = forward_logprobs(m.policy, mb, temp, chunk, ent_mode)
+            logp, ent = out[..., 0], out[..., 1]
             loss, stats = loss_fn(LossInputs(
                 logp, _proximal(mb, logp, cfg, k, version), mb["behavior_logprobs"],
                 mb["advantages"], mb["loss_mask"], normalizer=global_tokens,

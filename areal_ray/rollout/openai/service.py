@@ -99,12 +99,11 @@ class OpenAIService:
         self.tool_parser = tool_parser
         self.created = int(time.time())
         self.token_bytes = max_token_bytes(tokenizer)  # payload.check_fits's bound
-        self._pool: ThreadPoolExecutor | None = None
+        # its threads start on first use
+        self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openai-tokenize")
 
     async def _off_loop(self, fn, *args):
         """`fn(*args)` in a tokenizing thread, awaited (see TOKENIZE_THREADS)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openai-tokenize")
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     def encode(self, text: str) -> list[int]:
