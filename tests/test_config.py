@@ -171,6 +171,22 @@ def test_lora_push_auto_is_finish_where_the_engine_serves_several_adapters(backe
     assert (opts.lora_push, opts.lora_slots) == (mode, 5 if mode == "finish" else 2)
 
 
+@pytest.mark.parametrize("overrides,engine", [
+    ([], "float32"), (["model.dtype=bfloat16"], "bfloat16"),
+    (["rollout.dtype=bfloat16"], "bfloat16"), (["model.dtype=bfloat16", "rollout.dtype=float32"], "float32"),
+])
+def test_the_engines_dtype_is_rollout_dtype_else_the_models(overrides, engine):
+    from areal_ray.cluster.plan import engine_gib
+    from deployments.rollout import ServerOptions
+    cfg = load_config(None, ["rollout.max_batch_size=1", *overrides])
+    assert ServerOptions.from_config(cfg).dtype == engine
+    shape = type("Shape", (), {"params": 1 << 30, "layers": 1, "kv_dim": 1})()
+    ref = engine_gib(load_config(None, ["rollout.max_batch_size=1", f"model.dtype={engine}"]), shape, 80.0)
+    assert engine_gib(cfg, shape, 80.0) == ref  # the planner counts the engine's bytes, not the trainer's
+    with pytest.raises(ConfigError, match="rollout.dtype"):
+        load_config(None, ["rollout.dtype=int8"])
+
+
 def test_lora_is_off_by_default_and_accepted_on_the_paths_and_engines_that_carry_it():
     assert not load_config(None, []).model.lora.enabled
     for path in ("auto", "collective", "shm", "object_store", "disk"):

@@ -45,7 +45,10 @@ def write_targets(row: dict[str, torch.Tensor], start: int, seq: dict, index: in
     mask = seq.get("loss_mask")
     row["loss_mask"][sl] = True if mask is None else torch.tensor(mask, dtype=torch.bool)
     row["behavior_logprobs"][sl] = torch.tensor(seq["logprobs"], dtype=torch.float32)
-    row["advantages"][sl] = float(seq["advantage"])
+    # per-token advantages where a sequence has its own (on-policy distillation, areal_ray/distill/)
+    token_adv = seq.get("token_advantages")
+    row["advantages"][sl] = float(seq["advantage"]) if token_adv is None \
+        else torch.tensor(token_adv, dtype=torch.float32)
     row["versions"][sl] = torch.tensor(seq["versions"], dtype=torch.long)
     row["seq_ids"][sl] = index
 

@@ -150,7 +150,7 @@ def owner_alive(driver_name: str, namespace: str) -> bool:
 
 
 def reap(tag: str, dry_run: bool = False) -> SweepReport:
-    """Remove what the dead job tagged `tag` owned and nothing else: its Serve app and
+    """Remove what the dead job tagged `tag` owned and nothing else: its Serve apps and
     its files on every node (and any node's reward-check dirs of dead processes). Run
     by that job's own replicas, each once, when they find its driver gone: the app's
     deletion is only requested (Serve's controller deletes it, this replica included,
@@ -158,9 +158,12 @@ def reap(tag: str, dry_run: bool = False) -> SweepReport:
     and every step is harmless when another replica has done it already."""
     from ray import serve
 
-    report = SweepReport(dry_run, apps=[Owned(tag).app_name])
+    owned = Owned(tag)
+    live = serve.status().applications  # a served reward's app exists only where the run had one
+    report = SweepReport(dry_run, apps=[owned.app_name, *(a for a in owned.app_names[1:] if a in live)])
     if not dry_run:
-        serve.delete(Owned(tag).app_name, _blocking=False)  # a no-op for an app already gone
+        for app in report.apps:
+            serve.delete(app, _blocking=False)  # a no-op for an app already gone
     _sweep_files(report, only_tag=tag)
     return report
 

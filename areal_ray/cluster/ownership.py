@@ -40,6 +40,9 @@ from dataclasses import dataclass
 
 DRIVER_PREFIX = "areal-driver-"
 APP_PREFIX = "areal-rollout-"
+# The served rewards' apps (deployments/judge.py), one per kind, and the distillation
+# teacher's (deployments/teacher.py), owned alike
+SERVED_APP_PREFIXES = {"judge": "areal-judge-", "reward_model": "areal-rm-", "teacher": "areal-teacher-"}
 # The trainer's shm slots; a vLLM replica's staged file; a vLLM engine's directory of
 # ZMQ IPC sockets (VLLM_RPC_BASE_PATH, in the temp dir): each named as Owned.weight_file
 FILE_KINDS = ("weights", "vllm", "ipc")
@@ -71,6 +74,15 @@ class Owned:
     def app_name(self) -> str:
         return APP_PREFIX + self.tag
 
+    def served_app_name(self, kind: str) -> str:
+        """The app of served reward `kind` (judge, reward_model)."""
+        return SERVED_APP_PREFIXES[kind] + self.tag
+
+    @property
+    def app_names(self) -> list[str]:
+        """Every Serve app the job may own: the rollout app and the served rewards'."""
+        return [self.app_name, *(p + self.tag for p in SERVED_APP_PREFIXES.values())]
+
     def weight_file(self, kind: str, cluster: int, pid: int, rest: str) -> str:
         """The name of a weight file written by process `pid` of the cluster whose GCS
         listens on port `cluster`; `rest` tells a writer's files apart (a slot, a uuid)
@@ -90,7 +102,8 @@ def tag_of_driver(name: str) -> str | None:
 
 
 def tag_of_app(name: str) -> str | None:
-    return _tag_after(APP_PREFIX, name)
+    return next((t for p in (APP_PREFIX, *SERVED_APP_PREFIXES.values())
+                 if (t := _tag_after(p, name))), None)
 
 
 def cluster_of(gcs_address: str) -> int:

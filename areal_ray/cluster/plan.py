@@ -94,6 +94,7 @@ class Demand:
 
 
 REPLICA, TRAINER, REWARD = "rollout replica", "trainer worker", "reward actor"
+TEACHER = "teacher replica"  # algo.distill's scoring app (deployments/teacher.py)
 
 
 def demands(cfg, training: bool = True) -> list[Demand]:
@@ -104,7 +105,9 @@ def demands(cfg, training: bool = True) -> list[Demand]:
     replicas = Demand(REPLICA, r.num_cpus, r.num_gpus, r.min_replicas, NodeRequirement.of(r))
     if not training:
         return [replicas]
-    return [replicas,
+    d = cfg.algo.distill
+    teacher = [Demand(TEACHER, d.num_cpus, d.num_gpus, d.min_replicas)] if d.enabled else []
+    return [replicas, *teacher,  # the job deploys the teacher right after the rollout app
             Demand(TRAINER, t.num_cpus_per_worker, t.num_gpus_per_worker if t.use_gpu else 0.0,
                    t.num_workers, NodeRequirement.of(t)),
             Demand(REWARD, cfg.reward.num_cpus, 0.0, cfg.reward.min_actors)]
@@ -286,7 +289,8 @@ def engine_gib(cfg, shape: DecoderShape, gpu_gib: float) -> dict[str, float]:
     """GiB one engine holds on its GPU while it generates (`awake`) and while released
     for a trainer step (`asleep`; rollout.release_memory)."""
     backend = cfg.rollout.backend
-    weights = shape.params * DTYPE_BYTES[cfg.model.dtype] / GIB
+    dtype_bytes = DTYPE_BYTES[cfg.rollout.dtype or cfg.model.dtype]
+    weights = shape.params * dtype_bytes / GIB
     if backend == "vllm":  # gpu_memory_utilization bounds the whole instance
         awake = engine_fraction(cfg) * gpu_gib
         asleep = CONTEXT_GIB  # sleep level 1: weights to host, KV cache discarded
@@ -294,7 +298,7 @@ def engine_gib(cfg, shape: DecoderShape, gpu_gib: float) -> dict[str, float]:
         awake = engine_fraction(cfg) * gpu_gib + SGLANG_OUTSIDE_GIB
         asleep = SGLANG_OUTSIDE_GIB  # release_memory_occupation frees weights and KV pool
     else:  # hf: the model and a KV cache that grows with the running batch
-        kv_per_token = 2 * shape.layers * shape.kv_dim * DTYPE_BYTES[cfg.model.dtype]
+        kv_per_token = 2 * shape.layers * shape.kv_dim * dtype_bytes
         rows = cfg.rollout.max_batch_size
         kv = rows * (HF_PROMPT_TOKENS + cfg.rollout.max_new_tokens) * kv_per_token / GIB
         awake = CONTEXT_GIB + weights + kv

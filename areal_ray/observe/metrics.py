@@ -8,7 +8,9 @@ where it is known first-hand instead of being relayed:
   engine/trainer mismatch, the share of tokens a correction masked) and the sizes of
   the rollout service and the reward pool, which it tracks anyway;
 * every rollout replica samples its own engine (requests running and queued,
-  generation tokens/s, idle fraction) every few seconds.
+  generation tokens/s, idle fraction) every few seconds;
+* the job's process, which polls the driver's admission counters for the console,
+  records how long they have not moved (seconds since progress).
 
 Prometheus (and the dashboard's Metrics view) shows each name with Ray's `ray_`
 prefix, e.g. `ray_areal_version`. Every series carries a `run` tag (`run.name`), so
@@ -47,6 +49,7 @@ METRICS = {
     "areal_rollout_requests": ("gauge", "generation requests on a replica, by state (running, queued)", ("replica", "state")),
     "areal_generation_tokens_per_s": ("gauge", "tokens generated per second by a replica", ("replica",)),
     "areal_rollout_idle_fraction": ("gauge", "share of time a replica's engine had nothing to run", ("replica",)),
+    "areal_seconds_since_progress": ("gauge", "seconds since the pipeline last made progress (an episode admitted or finished, a prompt read or taken, a step trained); 0 once the run has closed", ()),
     "areal_router_outstanding_tokens": ("gauge", "generation budget the least-tokens router sent to a replica and has not seen end (per calling process)", ("replica",)),
 }
 
@@ -108,6 +111,18 @@ class DriverMetrics:
 
     def reward_actors(self, n: int) -> None:
         _registry.get("areal_reward_pool_actors").set(n, tags=self.tags)
+
+
+class JobMetrics:
+    """What the job's own process records: how long the pipeline has stood still, from
+    the driver's admission counters it polls for the console's stall line
+    (observe/progress.py: `Stall`), so a dashboard shows a silent run as it happens."""
+
+    def __init__(self, run: str):
+        self.tags = {"run": run or "areal"}
+
+    def since_progress(self, seconds: float) -> None:
+        _registry.get("areal_seconds_since_progress").set(seconds, tags=self.tags)
 
 
 class RouterMetrics:

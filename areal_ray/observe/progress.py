@@ -14,7 +14,9 @@ the first rollouts) against every step to come.
 
 A pipeline that makes no progress (no episode starts or ends, no prompt is taken, no
 step is trained) is otherwise silent: `Stall` says so once a minute (or twice the
-slowest recent step, when that is longer), with what the run is waiting on, from the driver's admission counters (`Driver.gate_state`).
+slowest recent step, when that is longer), with what the run is waiting on, from the driver's admission counters (`Driver.gate_state`);
+the dashboard's `areal_seconds_since_progress` gauge shows the same silence as it grows
+(observe/metrics.py).
 """
 
 from __future__ import annotations
@@ -67,14 +69,22 @@ class Stall:
         self.after_s = after_s
         self._marker: tuple | None = None
         self._since = self._said = 0.0
+        self._closed = False
+
+    def quiet_s(self, now: float) -> float:
+        """Seconds the counters have stood still at `now` (what the dashboard's gauge
+        shows between the console's lines); 0 before the first look and once the run
+        has closed."""
+        return 0.0 if self._marker is None or self._closed else max(0.0, now - self._since)
 
     def check(self, now: float, state: dict) -> str | None:
         """The console line for `state` seen at `now`, or None."""
         marker = tuple(state.get(k) for k in PROGRESS_KEYS)
+        self._closed = bool(state.get("closed"))
         if marker != self._marker:
             self._marker, self._since, self._said = marker, now, now
             return None
-        if state.get("closed") or now - self._said < self.after_s:
+        if self._closed or now - self._said < self.after_s:
             return None
         self._said = now
         return (f"[areal-ray] no progress for {now - self._since:.0f} s (version "
@@ -128,12 +138,15 @@ class StepProgress:
             f"{rec['staleness_max']} mean {num(rec['staleness_mean'], '.2f')} {tok_s:.0f} tok/s "
             f"ETA {self.eta_s():.0f}s", refresh=True)
 
-    def watch(self, state: dict, now: float | None = None) -> None:
+    def watch(self, state: dict, now: float | None = None) -> float:
         """The driver's admission counters (`Driver.gate_state`), polled: a line when
-        they have not moved for a while (`Stall`)."""
-        line = self._stall.check(time.monotonic() if now is None else now, state)
+        they have not moved for a while (`Stall`). Returns the seconds they have not
+        moved (`Stall.quiet_s`)."""
+        now = time.monotonic() if now is None else now
+        line = self._stall.check(now, state)
         if line:
             self.note(line)
+        return self._stall.quiet_s(now)
 
     def note(self, text: str) -> None:
         """A line of its own (above the bar, which stays at the bottom)."""

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from areal_ray.config.reward import RewardConfig
+from areal_ray.judge.deadline import REASON_KINDS as SERVED_REASON_KINDS
 from areal_ray.reward.registry import CheckerRegistry
 from areal_ray.types import Group
 
@@ -44,7 +45,8 @@ def check(verifier: str, text: str, answer: str, opts: dict | None = None,
     return _registries[key].check(verifier, text, answer, opts)
 
 
-_REASON_KINDS = ("non-finite", "timeout", "died", "checker error", "no fenced code block",
+# a served reward's kinds first: "judge timeout" is not a checker's "timeout"
+_REASON_KINDS = (*SERVED_REASON_KINDS, "non-finite", "timeout", "died", "checker error", "no fenced code block",
                  "no code", "output limit", "killed", "exit", "wrong answer", "all passed", "checked")
 
 
@@ -192,12 +194,20 @@ class Grader:
 
 class RewardStage:
     """Ray Data UDF: fills in reward and reward_reason of every sample of each group,
-    graded as `reward` (the run's `RewardConfig`) says (`Grader`)."""
+    graded as `reward` (the run's `RewardConfig`) says (`Grader`); a group whose
+    verifier a served reward grades (`reward.judge`, `reward.reward_model`) is sent to
+    its Serve app instead, every sample at once, each call under its deadline
+    (areal_ray/judge/client.py): this actor only waits, and at most that long."""
 
     def __init__(self, reward: RewardConfig | None = None, driver_name: str = "",
                  namespace: str = "", check_fn=check):
-        self.grader = Grader.from_config(reward or RewardConfig(), check_fn)
+        reward = reward or RewardConfig()
+        self.grader = Grader.from_config(reward, check_fn)
         self.grader.warm()  # while the run starts up, not in the first step
+        from areal_ray.cluster.ownership import tag_of_driver
+        from areal_ray.judge.client import from_config as served_rewards
+        tag = tag_of_driver(driver_name)
+        self.served = served_rewards(reward, tag) if tag else None
         if driver_name:  # counted in the reward-pool size metric while it lives
             import ray
             ctx = ray.get_runtime_context()
@@ -212,8 +222,13 @@ class RewardStage:
         for ticket, blob in zip(batch["ticket"], batch["group"]):
             group = Group.from_row({"ticket": int(ticket), "group": blob})
             t0 = time.perf_counter()
-            for i, s in enumerate(group.samples):
-                s.reward, s.reward_reason = self.grader(group.verifier, s.text, group.answer)
+            if self.served is not None and self.served.serves(group.verifier):
+                graded_all = self.served.grade(group.verifier, group.prompt, group.answer,
+                                               [s.text for s in group.samples])
+            else:
+                graded_all = (self.grader(group.verifier, s.text, group.answer) for s in group.samples)
+            for i, (s, (reward, reason)) in enumerate(zip(group.samples, graded_all)):
+                s.reward, s.reward_reason = reward, reason
                 if s.reward_reason.startswith("non-finite"):
                     logger.warning("ticket %d sample %d: %s; its reward is 0",
                                    group.ticket, i, s.reward_reason)

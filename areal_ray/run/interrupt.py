@@ -1,4 +1,5 @@
-"""Ctrl-C during training: stop at the end of the step, with a checkpoint.
+"""Ctrl-C during training: stop at the end of the step, with a checkpoint; SIGTERM: stop
+at once, through the job's cleanup.
 
 The first SIGINT asks the driver to stop the trainer after its current step (it then
 saves a checkpoint when `train.checkpoint_every` is on, so `run.resume=true` continues
@@ -19,6 +20,21 @@ T = TypeVar("T")
 
 class RunInterrupted(KeyboardInterrupt):
     """The run stopped because it was asked to; the message says where it stopped."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: `ray job stop`, or a scheduler ending the job."""
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM raises `Terminated` in the main thread, so the job's `finally` blocks run
+    (its MLflow run ends FAILED, its Serve app is deleted) in the seconds `ray job stop`
+    waits before SIGKILL; Python's default would end the process with none of them.
+    Outside the main thread it does nothing, as StopOnInterrupt."""
+    def handle(signum, frame):
+        raise Terminated("stopped by SIGTERM (ray job stop)")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handle)
 
 
 class StopOnInterrupt:

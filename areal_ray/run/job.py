@@ -45,7 +45,10 @@ from areal_ray.cluster.system_config import local_worker_env, system_config
 from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.data.pipeline import PipelineFactory
 from areal_ray.data.prompts import eval_rows, train_stream
+from areal_ray.distill import app as teacher_app
 from areal_ray.driver import Driver
+from areal_ray.judge.models import resolve_all as served_reward_models
+from areal_ray.observe.metrics import JobMetrics
 from areal_ray.observe.progress import StepProgress
 from areal_ray.observe.tracking import RunTracker, lineage, read_events, unseen_records
 from areal_ray.observe.utilization import length_stats, rollout_idle, steady_state
@@ -74,13 +77,15 @@ from areal_ray.train.torch_group import TorchGroupConfig
 from areal_ray.weights.encoding import NCCL_ENV, state_from
 from areal_ray.weights.group import free_port
 from areal_ray.weights.probe import run_probe_rule
+from deployments.judge import start_served_rewards, stop_served_rewards
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_MODELS = {"artifacts/tiny": "arith", "artifacts/tiny-tools": "tool_arith",
                    "artifacts/tiny-agents": "tool_arith_hermes",
-                   "artifacts/tiny-chains": "chain_arith", "artifacts/tiny-bpe": "arith_bpe"}  # path: task
+                   "artifacts/tiny-chains": "chain_arith", "artifacts/tiny-bpe": "arith_bpe",
+                   "artifacts/tiny-bpe-agents": "tool_arith_bpe_hermes"}  # path: task
 TRAIN_DIR = "train"  # Ray Train's run (checkpoints) inside the run dir
 FIT_GONE_S = 60.0  # how long a failed job waits for its trainer to stop
 
@@ -155,6 +160,7 @@ class StepTail:
     def __init__(self, driver, tracker: RunTracker, prior: list[dict] = (), period_s: float = 0.5):
         self.driver, self.tracker, self.period_s = driver, tracker, period_s
         self.progress = StepProgress(tracker.cfg.train.steps)
+        self.metrics = JobMetrics(tracker.cfg.run.name)
         self.events: list[dict] = list(prior)
         self.start_version: int | None = None  # where this job's trainer started
         self._seen = 0
@@ -166,7 +172,7 @@ class StepTail:
         try:
             events, state = ray.get([self.driver.steps.remote(self._seen),
                                      self.driver.gate_state.remote()])
-            self.progress.watch(state)  # a stall is said
+            self.metrics.since_progress(self.progress.watch(state))  # a stall is said and shown
         except ray.exceptions.RayActorError:
             return  # the driver is gone: the job reports it (driver_lost)
         for ev in events:
@@ -270,7 +276,8 @@ def prompt_count(cfg: Config) -> int:
     filter, or by a workflow of the user's, which may reject rows (the built-in
     single-turn one never does)."""
     n = cfg.train.steps * cfg.algo.batch_groups
-    may_drop = cfg.algo.dynamic_filter.enabled or cfg.rollout.workflow != SINGLE_TURN
+    may_drop = cfg.algo.dynamic_filter.enabled or cfg.rollout.workflow != SINGLE_TURN \
+        or teacher_app.may_drop(cfg)
     return math.ceil(n * cfg.algo.dynamic_filter.prompt_factor) if may_drop else n
 
 
@@ -278,6 +285,8 @@ def prompt_count(cfg: Config) -> int:
 def run_training(cfg: Config) -> dict:
     t_start = time.time()
     model_path = resolve_model(cfg.model.path)
+    teacher_path = teacher_app.prepare(cfg, model_path)  # algo.distill: built on first use
+    served_models = served_reward_models(cfg.reward)  # reward.judge, reward.reward_model: built on first use
     check_memory(cfg, model_path)
     check_lora_targets(cfg, model_path)
     check_attention(cfg.model.attn_implementation, cfg.train.use_gpu)  # before any worker loads it
@@ -330,6 +339,9 @@ def run_training(cfg: Config) -> dict:
     try:
         handle = start_rollout_app(cfg, model_path, driver_name, namespace, app_name,
                                    wait=why_sequential is not None)
+        teacher_app.start(cfg, teacher_path, app_name)
+        # the served rewards' apps run before any group is graded (deployments/judge.py)
+        start_served_rewards(cfg.reward, served_models, owned, cfg.run.placement_timeout_s)
         if why_sequential is not None:
             print(f"[areal-ray] the trainer starts once the replicas run: {why_sequential}", flush=True)
 
@@ -362,6 +374,7 @@ def run_training(cfg: Config) -> dict:
         tail = StepTail(driver, tracker, prior=prior)
         stopper = StopOnInterrupt(lambda: driver.request_stop.remote(), notice=tail.progress.note)
         bound_train_start(cfg.run.placement_timeout_s)
+        teacher_app.wait(cfg, app_name)  # before any prompt is admitted
         before = None
         if why_sequential is not None and eval_before:
             before = report_eval("before", evaluate(handle, tokenizer, held_out, cfg))
@@ -417,6 +430,11 @@ def run_training(cfg: Config) -> dict:
     finally:
         try:
             delete_app(app_name)
+        except Exception:  # noqa: BLE001 - cleanup must not hide the real error
+            pass
+        teacher_app.stop(cfg, app_name)
+        try:
+            stop_served_rewards(owned)
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)

@@ -152,8 +152,33 @@ class BpeArithSpec(TinyModelSpec):
     sft_lr: float = 1e-3
 
 
+@dataclass
+class BpeAgentModelSpec(AgentModelSpec):
+    """The agents' tool task on the production tokenizer (artifacts/tiny-bpe-agents,
+    conf/agents_sdk_bpe.yaml): artifacts/tiny-agents' habit of writing
+    `<tool_call>\\n{"name": "calc", "arguments": {"expr": ...}}\\n</tool_call>` carried onto
+    Mistral's SentencePiece with ChatML turns (`transplant`, as BpeArithSpec does from
+    artifacts/tiny). The prompt is the chat template's rendering of the calculator as the
+    OpenAI Agents SDK sends it (SDK_CALC_TOOL: the full JSON schema in the system turn,
+    ~200 tokens), so the room for positions grows; the call is 37 tokens, with
+    `<tool_call>` five of them. Phase 1's mix is tiny-agents': the greedy answer is direct
+    (and wrong), a sampled one calls the tool about a third of the time."""
+    task: str = "tool_arith_bpe_hermes"
+    tokenizer: str = "bpe"
+    init_from: str = "artifacts/tiny-agents"
+    max_position_embeddings: int = 512
+    # measured: 100 steps of 16 (loss 1.58) left the call unwritable (tool-forced greedy
+    # dev accuracy 0.000, the JSON after `<tool_call>` unparsable); 300 is not measured yet
+    sft_steps: int = 300
+    sft_batch_size: int = 16
+    sft_lr: float = 1e-3
+    dev_size: int = 32
+    head_on_labels: bool = True   # label_loss: the same loss, the head at ~1/5 of the positions
+
+
 SPECS = {"arith": TinyModelSpec, "tool_arith": ToolModelSpec, "tool_arith_hermes": AgentModelSpec,
-         "chain_arith": ChainModelSpec, "arith_bpe": BpeArithSpec}
+         "chain_arith": ChainModelSpec, "arith_bpe": BpeArithSpec,
+         "tool_arith_bpe_hermes": BpeAgentModelSpec}
 
 
 def qwen2_config(spec: TinyModelSpec, tok: PreTrainedTokenizerBase) -> Qwen2Config:
@@ -272,11 +297,24 @@ def greedy_accuracy(model, tok, problems: list[arith.ArithProblem], max_new_toke
     return sum(grade(t, p.answer) for t, p in zip(texts, problems)) / len(problems)
 
 
-def _sft_step(model, opt, tok, batch, lr: float) -> float:
+def label_loss(model, ids, att, labels) -> torch.Tensor:
+    """The causal LM loss, the head applied only where a label is (HF's applies it at
+    every position): on a 32k vocabulary and a 200-token chat prompt whose answer is
+    ~50 tokens, the head's logits are most of a step's cost and memory."""
+    hidden = model.model(input_ids=ids, attention_mask=att).last_hidden_state[:, :-1]
+    target = labels[:, 1:]
+    keep = target != -100
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), target[keep])
+
+
+def _sft_step(model, opt, tok, batch, lr: float, head_on_labels: bool = False) -> float:
     for g in opt.param_groups:
         g["lr"] = lr
     ids, att, labels = encode_sft(tok, batch)
-    loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+    if head_on_labels:
+        loss = label_loss(model, ids, att, labels)
+    else:
+        loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
     opt.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -389,8 +427,52 @@ class ChatArithWarmStart(ArithWarmStart):
         return [ChatExample.of(p) for p in super().batch(rng, p_direct)]
 
 
+# The calculator as the OpenAI Agents SDK sends `function_tool(calc)` (examples/
+# agents_sdk_agent.py; tests/rollout/workflows/test_agents_sdk.py checks it): a template
+# that renders tools' schemas, as the production one does, shows the model exactly this.
+SDK_CALC_TOOL = {"type": "function", "function": {
+    "name": tool_arith.TOOL, "description": tool_arith.calc.__doc__,
+    "parameters": {"properties": {"expr": {"title": "Expr", "type": "string"}}, "required": ["expr"],
+                   "title": "calc_args", "type": "object", "additionalProperties": False},
+    "strict": True}}
+
+
+class ChatHermesCalls(tool_arith.HermesCalls):
+    """Hermes calls in ChatML turns (the production tokenizer's template): the prompt
+    shows the calculator as the Agents SDK sends it (SDK_CALC_TOOL); a tool's result is
+    what the template writes after the model's end of turn, from the newline that closes
+    it through the next assistant opening (`\\n<|im_start|>user\\n<tool_response>\\n8728
+    \\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`), which is the text the endpoint
+    appends to the session's ids. (HermesCalls' own cut assumes a template that writes
+    no generation prompt: on this one the rendered history never extends it.)"""
+
+    def prompt(self, prompt: str) -> str:
+        from areal_ray.rollout.openai.protocol import render_chat
+        return render_chat(self.tok, [{"role": "user", "content": prompt}], [SDK_CALC_TOOL])
+
+    def result_text(self, result: str) -> str:
+        from areal_ray.rollout.openai.protocol import render_chat
+        turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]
+        head = self.tok.apply_chat_template(turn, tools=[SDK_CALC_TOOL], tokenize=False,
+                                            add_generation_prompt=False)
+        full = render_chat(self.tok, turn + [{"role": "tool", "content": result}], [SDK_CALC_TOOL])
+        end = head.rfind(self.tok.eos_token) + len(self.tok.eos_token)
+        if end < len(self.tok.eos_token) or not full.startswith(head[:end]):
+            raise ValueError("the chat template does not end the assistant's turn with the tokenizer's "
+                             "eos and append a tool's result after it")
+        return full[end:]
+
+
+class ChatToolWarmStart(ToolWarmStart):
+    """ToolWarmStart in ChatML turns (ChatHermesCalls)."""
+
+    def __init__(self, spec: ToolModelSpec, tok=None):
+        self.spec = spec
+        self.fmt = ChatHermesCalls(tok)
+
+
 WARM_STARTS = {"arith": ArithWarmStart, "arith_bpe": ChatArithWarmStart, "tool_arith": ToolWarmStart, "tool_arith_hermes": ToolWarmStart,
-               "chain_arith": ChainWarmStart}
+               "chain_arith": ChainWarmStart, "tool_arith_bpe_hermes": ChatToolWarmStart}
 
 
 def sft(model, tok, spec: TinyModelSpec, log=print) -> dict:
@@ -400,11 +482,12 @@ def sft(model, tok, spec: TinyModelSpec, log=print) -> dict:
     rng = random.Random(spec.seed + 1)
     dev = task.dev()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
+    head_on_labels = getattr(spec, "head_on_labels", False)
     model.train()
     loss = float("nan")
     for step in range(spec.sft_steps):
         lr = spec.sft_lr * 0.5 * (1 + math.cos(math.pi * step / spec.sft_steps))
-        loss = _sft_step(model, opt, tok, task.batch(rng, spec.sft_p_direct), lr)
+        loss = _sft_step(model, opt, tok, task.batch(rng, spec.sft_p_direct), lr, head_on_labels)
         if step % 100 == 0 or step == spec.sft_steps - 1:
             log(f"sft phase 1 step {step:4d}/{spec.sft_steps} loss {loss:.4f} lr {lr:.2e}")
     acc_worked = task.accuracy(model, tok, dev)
@@ -414,7 +497,8 @@ def sft(model, tok, spec: TinyModelSpec, log=print) -> dict:
     acc, habit_steps = acc_worked, 0
     while acc > spec.habit_target_accuracy and habit_steps < spec.habit_max_steps:
         for _ in range(spec.habit_check_every):
-            loss = _sft_step(model, opt, tok, task.batch(rng, spec.habit_p_direct), spec.habit_lr)
+            loss = _sft_step(model, opt, tok, task.batch(rng, spec.habit_p_direct), spec.habit_lr,
+                             head_on_labels)
             habit_steps += 1
         acc = task.accuracy(model, tok, dev)
         model.train()
@@ -433,7 +517,7 @@ def _init_weights(path: str, log=print):
     if not p.is_absolute():
         p = Path(__file__).resolve().parents[2] / p
     if not (p / "config.json").exists():
-        task = {"tiny": "arith", "tiny-tools": "tool_arith"}.get(p.name)
+        task = {"tiny": "arith", "tiny-tools": "tool_arith", "tiny-agents": "tool_arith_hermes"}.get(p.name)
         if task is None:
             raise FileNotFoundError(f"init_from {path!r}: no model (config.json) in {p}")
         log(f"building {p} first: the warm start begins from it")

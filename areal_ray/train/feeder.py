@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from areal_ray.distill.advantage import dropped as teacher_dropped
 from areal_ray.rollout.workflows.base import is_abandoned
 from areal_ray.types import Group
 
@@ -69,6 +70,7 @@ class StepBatch:
     rejected: list[int]  # prompt positions of the groups the filter dropped on the way
     wait_s: float
     abandoned: int = 0  # of the rejected: rows whose episode passed rollout.episode_timeout_s
+    teacher_dropped: int = 0  # of the rejected: groups the distillation teacher did not score in time
 
 
 class StepAssembler:
@@ -105,7 +107,7 @@ class StepAssembler:
                 if g.ticket < self.cursor or g.ticket in self.buffer:
                     raise RuntimeError(f"ticket {g.ticket} delivered twice")
                 self.buffer[g.ticket] = g
-                fresh[g.ticket] = (self.accept(g), g.pos, is_abandoned(g))
+                fresh[g.ticket] = (self.accept(g), g.pos, is_abandoned(g), teacher_dropped(g))
             views = self._gather((fresh, self.feeder.exhausted))
             for part, _ in views:
                 self._verdicts.update(part)
@@ -135,4 +137,4 @@ class StepAssembler:
         if self.distributed:
             mine = [g for part in self._gather(mine) for g in part]
         return StepBatch(sorted(mine, key=lambda g: g.ticket), rejected, time.perf_counter() - t0,
-                         sum(v[2] for v in dropped))
+                         sum(v[2] for v in dropped), sum(v[3] for v in dropped))

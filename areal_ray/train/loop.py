@@ -37,6 +37,7 @@ from areal_ray.algo.advantages import advantages, informative_groups, shape_rewa
 from areal_ray.algo.finite import name, nonfinite
 from areal_ray.cluster.ownership import tag_of_driver
 from areal_ray.config import AlgoConfig, Config
+from areal_ray.distill import advantage as distill
 from areal_ray.driver.release import unreleased
 from areal_ray.reward.pool import reason_kind
 from areal_ray.rollout.workflows.base import EpisodeConfig
@@ -88,6 +89,8 @@ def flatten_groups(groups: list[Group], algo: AlgoConfig, max_new_tokens: int,
                 print(f"[areal-ray] step {trained_version}: {name(seq, len(seqs))} is left out "
                       f"of training: {why}", flush=True)
             seqs.append(seq)
+    if algo.distill.enabled:  # per-token advantages of the teacher-scored groups
+        distill.apply(groups, seqs, algo.distill.coef, algo.distill.reward_weight)
     return seqs
 
 
@@ -296,4 +299,6 @@ def step_record(step: int, groups: list[Group], seqs: list[dict], batch, stats: 
         "reward_reasons": dict(Counter(reason_kind(s.reward_reason) for s in samples)),
         "wait_s": batch.wait_s, **stats,
     }
+    if any(distill.TEACHER in g.meta for g in groups) or batch.teacher_dropped:
+        record.update(distill.metrics(groups, batch.teacher_dropped))
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

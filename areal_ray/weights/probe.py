@@ -312,6 +312,6 @@ def run_probe_rule(cfg) -> ProbeRule | None:
         return None
     if cfg.weights.probe_atol is not None:
         return ProbeRule(atol=float(cfg.weights.probe_atol))
-    if not exact_dtypes((cfg.model.dtype, cfg.weights.dtype)):
+    if not exact_dtypes((cfg.model.dtype, cfg.weights.dtype, cfg.rollout.dtype)):
         return ProbeRule()
     return ProbeRule(atol=probe_atol(str(cfg.rollout.backend), lora=cfg.model.lora.enabled))

@@ -4,7 +4,7 @@ in tests/jobs/test_submit.py, on a real metrics endpoint)."""
 
 import pytest
 
-from areal_ray.observe.metrics import METRICS, DriverMetrics, ReplicaMetrics
+from areal_ray.observe.metrics import METRICS, DriverMetrics, JobMetrics, ReplicaMetrics
 from areal_ray.observe.utilization import rollout_idle
 
 
@@ -45,6 +45,11 @@ def test_driver_records_a_step_and_pool_sizes(ray_cluster):
             "entropy": 2.5, "mismatch_k3": 0.01, "correction_masked_frac": None})
     m.replicas(2)
     m.reward_actors(1)
+
+
+def test_the_job_records_the_seconds_since_progress(ray_cluster):
+    JobMetrics("t").since_progress(61.5)
+    JobMetrics("").since_progress(0.0)  # a run without a name is tagged "areal"
 
 
 @pytest.mark.parametrize("name", sorted(METRICS))

@@ -74,3 +74,26 @@ def test_a_run_of_slow_steps_waits_longer_before_it_calls_one_a_stall():
     assert out.getvalue() == ""  # under 2 x the 100 s step
     p.watch(state(), now=201.0)
     assert "no progress for 201 s" in out.getvalue()
+
+
+def test_the_seconds_since_progress_grow_with_the_silence_and_restart_with_progress():
+    """What the dashboard's gauge shows (areal_seconds_since_progress), between the lines."""
+    stall = Stall(60)
+    assert stall.quiet_s(5.0) == 0.0  # nothing seen yet
+    stall.check(10.0, state())
+    assert stall.quiet_s(10.0) == 0.0
+    stall.check(40.0, state())
+    assert stall.quiet_s(40.0) == 30.0  # said by no line yet: under a minute
+    stall.check(45.0, state(version=4))  # a step trained
+    assert stall.quiet_s(45.0) == 0.0 and stall.quiet_s(50.0) == 5.0
+    stall.check(200.0, state(version=4, closed=True, phase="closed"))
+    assert stall.quiet_s(300.0) == 0.0  # a closed run is not stalled
+
+
+def test_watch_returns_the_seconds_the_console_counts():
+    out = io.StringIO()
+    p = StepProgress(10, stream=out, bar=False)
+    assert p.watch(state(), now=100.0) == 0.0
+    assert p.watch(state(), now=130.0) == 30.0
+    assert p.watch(state(), now=161.5) == 61.5
+    assert "no progress for 62 s" in out.getvalue()  # the line and the gauge agree

@@ -9,7 +9,8 @@ from areal_ray.task import tiny_model
                                        ("artifacts/tiny-tools", "tool_arith"),
                                        ("artifacts/tiny-agents", "tool_arith_hermes"),
                                        ("artifacts/tiny-chains", "chain_arith"),
-                                       ("artifacts/tiny-bpe", "arith_bpe")])
+                                       ("artifacts/tiny-bpe", "arith_bpe"),
+                                       ("artifacts/tiny-bpe-agents", "tool_arith_bpe_hermes")])
 def test_resolve_model_builds_each_embedded_model_with_its_spec(tmp_path, monkeypatch, path, task):
     import areal_ray.run.job as run
 

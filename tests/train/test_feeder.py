@@ -74,3 +74,18 @@ def test_abandoned_episodes_are_counted_among_the_rejected(ray_cluster):
     step = asm.next_step(0)
     assert [g.ticket for g in step.groups] == [0, 2, 3]
     assert step.rejected == [101] and step.abandoned == 1
+
+
+def test_groups_the_teacher_dropped_are_counted_among_the_rejected(ray_cluster):
+    """algo.distill.late=drop: a group the teacher did not score in time arrives emptied
+    and marked (distill/advantage.py); rejected, and counted apart from abandoned ones."""
+    from areal_ray.distill.advantage import LATE, mark
+    from areal_ray.train.loop import has_samples
+    items = rows([0, 2])
+    dropped = mark(Group(1, "u1", "p", "1", "math", 0, [Sample([1], [2], [0.0], [0], "stop")],
+                         pos=101), LATE, 30.0, "slow", drop=True)
+    it = ray.data.from_items(items + [dropped.to_row()], override_num_blocks=3).iterator()
+    step = StepAssembler(ShardFeeder(it), batch_groups=2, distributed=False,
+                         accept=has_samples).next_step(0)
+    assert [g.ticket for g in step.groups] == [0, 2]
+    assert step.rejected == [101] and (step.teacher_dropped, step.abandoned) == (1, 0)

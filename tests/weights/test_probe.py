@@ -101,6 +101,8 @@ def test_expectations_of_old_versions_are_let_go():
     ([], ProbeRule(atol=1e-5)),                                          # hf, float32
     (["rollout.backend=vllm"], ProbeRule(atol=1e-3)),
     (["weights.dtype=bfloat16"], ProbeRule()),                           # rounded: moved
+    (["rollout.dtype=bfloat16", "rollout.backend=vllm"], ProbeRule()),   # a bf16 engine
+    (["rollout.dtype=float32", "rollout.backend=vllm"], ProbeRule(atol=1e-3)),
     (["model.dtype=bfloat16", "rollout.backend=vllm"], ProbeRule()),
     (["model.lora.enabled=true", "weights.path=shm"], ProbeRule(atol=1e-4)),  # merged vs not
     (["model.lora.enabled=true", "weights.path=shm", "rollout.backend=vllm"], ProbeRule(atol=1e-3)),

@@ -4,12 +4,13 @@ into a `GenRequest`, results written back as `Completion` / `ChatCompletion` JSO
 Only what our engines can honour is accepted. They sample with a temperature, stop at
 EOS or at token ids, and return one sample per request, so:
 
-- a `stop` string of one token becomes a stop id; a longer one is a stop string
-  (stop_strings.py: the engine pauses at its last token, the output ends where the
-  string first appears). The stop stays at the end of the returned text (vLLM's
-  `include_stop_str_in_output=true`): the text the agent appends to its history is
-  then exactly what the model generated, which keeps the session's token chain intact
-  (sessions.py).
+- a `stop` string of one token (as the model writes it after other text:
+  `encode_inside`) becomes a stop id; a longer one is a stop string (stop_strings.py:
+  the engine pauses at its last token); either way the output ends where the text of
+  a stop first appears, however the model split it into tokens. The stop stays at the
+  end of the returned text (vLLM's `include_stop_str_in_output=true`): the text the
+  agent appends to its history is then exactly what the model generated, which keeps
+  the session's token chain intact (sessions.py).
 - `n` up to MAX_N: n samples of the prompt, each recorded as its own call and its own
   Sample of the session (sessions.py: a fork; a later request continues whichever
   choice its messages carry); streamed, each choice's chunks carry its index. `top_p`, penalties, `logit_bias`, `functions`, `response_format`
@@ -115,7 +116,9 @@ class GenRequest:
     stream: bool = False  # answer in server-sent events (sse.py)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     n: int = 1  # choices: samples of the same prompt ids
-    stop_strings: list[str] = field(default_factory=list)  # stops longer than one token
+    # every stop's text: the output ends where one first appears, whatever tokens wrote
+    # it (on a sub-word tokenizer a one-token stop can be written in several tokens)
+    stop_strings: list[str] = field(default_factory=list)
     pause_ids: list[int] = field(default_factory=list)  # their last tokens, where the engine pauses
     seed: int | None = None  # the request's seed: each choice's calls are seeded from it
 
@@ -164,12 +167,30 @@ def stops(stop, encode: Callable[[str], list[int]]) -> tuple[list[int], list[str
         toks = encode(s) if s else []
         if not toks:
             raise bad(f"stop sequence {s!r} is 0 tokens", "stop")
-        if len(toks) == 1:
-            ids.append(toks[0])
+        inside = encode_inside(s, encode)
+        if len(inside) == 1:
+            # "}" written after other text; also " }", its encoding alone on a
+            # SentencePiece tokenizer, whose text holds the stop too
+            ids += [inside[0]] + (toks if len(toks) == 1 else [])
         else:
             strings.append(s)
-            pauses.append(toks[-1])
+            pauses += [inside[-1], toks[-1]]
+    ids = list(dict.fromkeys(ids))
     return ids, strings, [t for t in dict.fromkeys(pauses) if t not in ids]
+
+
+# A text that no tokenizer merges with what follows it (SentencePiece writes a newline
+# as its own byte token; a byte-level BPE's newline token ends before other text).
+ANCHOR = "\n"
+
+
+def encode_inside(s: str, encode: Callable[[str], list[int]]) -> list[int]:
+    """`s`'s ids as the model writes it after other text. A SentencePiece tokenizer
+    encodes a text's start as a new word: `encode("}")` is "▁}", while `x}` ends in
+    "}", so a stop matched by `encode(s)` alone never fires mid-text. Falls back to
+    `encode(s)` where the anchor merges with `s`."""
+    head, both = encode(ANCHOR), encode(ANCHOR + s)
+    return both[len(head):] if both[:len(head)] == head and len(both) > len(head) else encode(s)
 
 
 def stop_ids(stop, encode: Callable[[str], list[int]]) -> list[int]:
@@ -209,7 +230,9 @@ def _sampling(body: dict, defaults: Defaults, encode, max_tokens_names: tuple[st
     opts = body.get("stream_options")
     if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
         raise bad("stream_options must be an object like {include_usage: bool}", "stream_options")
-    ids, strings, pauses = stops(body.get("stop"), encode)
+    stop = body.get("stop")
+    ids, _, pauses = stops(stop, encode)
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
     n = _int(body, "n", 1, MAX_N) or 1
     seed = _int(body, "seed", 0, 2 ** SEED_BITS - 1)
     return dict(model=body["model"], max_tokens=budget or defaults.max_tokens, n=n, seed=seed,

@@ -66,7 +66,7 @@ from areal_ray.rollout.openai.protocol import (
 )
 from areal_ray.rollout.openai.responses import chat_request, response_events, response_of
 from areal_ray.rollout.openai.sessions import SessionsFull, SessionStore, SessionTooLarge
-from areal_ray.rollout.openai.sse import EventStream, chat_chunks, completion_chunks
+from areal_ray.rollout.openai.sse import EventStream, chat_chunks, completion_chunks, token_texts
 from areal_ray.rollout.openai.stop_strings import run_to_stop_strings
 from areal_ray.rollout.openai.tool_calls import output_digest, replay_messages
 from areal_ray.rollout.seeds import request_seed
@@ -109,6 +109,19 @@ class OpenAIService:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def encode_rest(self, text: str) -> list[int]:
+        """`text` as the whole conversation's encoding has it where it follows recorded
+        ids (a tool result after the model's end of turn): a SentencePiece tokenizer
+        (Metaspace, `prepend_scheme: first`) starts a string it encodes alone with a
+        word-start `▁`, which it never writes after a special token, so ChatML's
+        `<|im_end|>\\n<|im_start|>` would train as `<|im_end|>▁\\n<|im_start|>`. Encoded
+        behind the end-of-sequence token, which is then cut off."""
+        eos = getattr(self.tokenizer, "eos_token", None)
+        if not eos:
+            return self.encode(text)
+        anchor, ids = self.encode(eos), self.encode(eos + text)
+        return ids[len(anchor):] if ids[:len(anchor)] == anchor else self.encode(text)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -117,7 +130,7 @@ class OpenAIService:
             raise APIError(400, f"session id must be 1 to {MAX_SID_CHARS} letters, digits or "
                                 "'-_.:'")
         try:
-            return self.store.open(sid, self.encode, self.decode)
+            return self.store.open(sid, self.encode, self.decode, self.encode_rest)
         except SessionsFull as e:
             raise EndpointError(429, str(e)) from e
 
@@ -153,7 +166,7 @@ class OpenAIService:
         # The session may have been dropped (TTL) while generating: record where it is
         # now (a store that filled up meanwhile keeps only the answer).
         try:
-            session = self.store.open(sid, self.encode, self.decode)
+            session = self.store.open(sid, self.encode, self.decode, self.encode_rest)
         except SessionsFull:
             pass
         session.record_turn(text, prompt_ids, extends, samples)
@@ -186,7 +199,7 @@ class OpenAIService:
 
     def _pieces(self, choices: list[Choice]) -> list[list[str]]:
         """Each choice's output tokens' texts, which its streamed chunks are cut at."""
-        return [[self.decode([t]) for t in c.sample.output_ids] for c in choices]
+        return [token_texts(c.sample.output_ids, self.decode) for c in choices]
 
     def _generated_text(self, sid: str):
         """The text the client was shown for call `index` of `sid`, if its output ids

@@ -104,8 +104,9 @@ class SessionTooLarge(Exception):
 class Session:
     """The calls of one agent session, and how a new request's prompt ids continue them."""
 
-    def __init__(self, sid: str, encode: Encode, decode: Decode):
+    def __init__(self, sid: str, encode: Encode, decode: Decode, encode_rest: Encode | None = None):
         self.sid, self.encode, self.decode = sid, encode, decode
+        self.encode_rest = encode_rest or encode  # text that follows recorded ids (service.encode_rest)
         self.calls: list[Call] = []
         self.last_turn: list[int] = []  # the calls of the latest request: what may be extended
         self.nbytes = 0  # of the recorded calls (record_bytes)
@@ -119,7 +120,7 @@ class Session:
             for history in last.history_texts:
                 if text.startswith(history):
                     rest = text[len(history):]
-                    return last.prompt_ids + last.output_ids + (self.encode(rest) if rest else []), i
+                    return last.prompt_ids + last.output_ids + (self.encode_rest(rest) if rest else []), i
         return self.encode(text), None
 
     def prompt_ids_of_tokens(self, ids: list[int]) -> tuple[list[int], int | None]:
@@ -252,7 +253,7 @@ class SessionStore:
         self._sessions.move_to_end(sid)
         return got[0]
 
-    def open(self, sid: str, encode: Encode, decode: Decode) -> Session:
+    def open(self, sid: str, encode: Encode, decode: Decode, encode_rest: Encode | None = None) -> Session:
         """The session `sid`, created on first use; SessionsFull when `max_sessions`
         live sessions are held (none is evicted for it)."""
         session = self.get(sid)
@@ -262,7 +263,7 @@ class SessionStore:
                     f"the endpoint holds {len(self._sessions)} live sessions (rollout.openai."
                     f"max_sessions); a session is dropped when deleted or after "
                     f"{self.ttl_s:g} s idle (rollout.openai.session_ttl_s)")
-            session = Session(sid, encode, decode)
+            session = Session(sid, encode, decode, encode_rest)
             self._sessions[sid] = (session, self.clock())
         return session
 

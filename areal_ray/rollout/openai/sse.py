@@ -10,8 +10,11 @@ finish reason: one parse, one truth), and a bad request is still a plain 400 wit
 OpenAI's error body, since nothing is sent before the answer exists.
 
 Content is cut at token boundaries (one chunk per output token, with that token's
-logprob entry), when the tokens' texts concatenate to the content; otherwise (a
-multi-byte character split across tokens) it goes in one chunk. Each tool call is two
+logprob entry), the tokens' texts read as an incremental detokenizer reads them
+(`token_texts`): a token that ends inside a multi-byte character (byte-fallback
+tokens) sends nothing and the token that completes the character sends all of it, in
+one chunk with the logprob entries of both, so no chunk holds half a character or
+U+FFFD; where the texts do not concatenate to the content, it goes in one chunk. Each tool call is two
 chunks: its id and name, then its arguments. The last chunk carries the finish reason
 (and our `return_token_ids` extension fields); `stream_options.include_usage` adds
 OpenAI's usage chunk with no choices. With `n > 1` each choice's chunks carry its
@@ -22,7 +25,10 @@ chunk comes once, after all of them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+
+REPLACEMENT = "\ufffd"  # what a decoder writes for the bytes of an unfinished character
 
 
 @dataclass
@@ -41,18 +47,40 @@ class EventStream:
                                  headers={"Cache-Control": "no-cache"})
 
 
+def token_texts(ids: list[int], decode: Callable[[list[int]], str]) -> list[str]:
+    """Each token's share of `decode(ids)`, as it can be sent once the token exists: a
+    token's text is read after the tokens before it (alone, SentencePiece's "▁world"
+    decodes to "world", without its space), and a token that ends inside a character
+    gets "" while the one that completes it gets the whole character. They concatenate
+    to `decode(ids)`; where a tokenizer's decode does not extend as ids are added, each
+    token's text alone (and `cut` then sends the content as one chunk)."""
+    texts, start, sent = [], 0, 0  # decode(ids[start:sent]): the text sent, read from `start`
+    for i in range(1, len(ids) + 1):
+        before, now = decode(ids[start:sent]), decode(ids[start:i])
+        if i < len(ids) and (now.endswith(REPLACEMENT) or not now.startswith(before)):
+            texts.append("")  # held until a later token completes it
+            continue
+        texts.append(now[len(before):])
+        start, sent = sent, i  # the next token is read after this one
+    if "".join(texts) != decode(ids):
+        return [decode([t]) for t in ids]
+    return texts
+
+
 def cut(text: str, pieces: list[str]) -> tuple[list[tuple[str, int, int]], int]:
     """`text` cut at token boundaries: ([(segment, first token, end token)], the index of
-    the first token after `text`). `pieces` are the output tokens' texts; when they do
-    not spell `text`, it is one segment over all tokens."""
+    the first token after `text`). `pieces` are the output tokens' texts (`token_texts`);
+    a token with no text yet goes in the segment of the token that completes it; when
+    they do not spell `text`, it is one segment over all tokens."""
     if not "".join(pieces).startswith(text):
         return ([(text, 0, len(pieces))] if text else []), len(pieces)
-    segments, at = [], 0
+    segments, at, first = [], 0, 0
     for i, p in enumerate(pieces):
         if at >= len(text):
             return segments, i
-        segments.append((text[at:at + len(p)], i, i + 1))
-        at += len(p)
+        if p:
+            segments.append((text[at:at + len(p)], first, i + 1))
+            at, first = at + len(p), i + 1
     return segments, len(pieces)
 
 
