@@ -32,7 +32,7 @@ ENGINE_FIXTURES = {"vllm_engine", "vllm_lora_engine", "one_rank_group"}
 # and idled ~540 s between them.
 E2E_SECOND_LANE = tuple(f"tests/{m}.py" for m in (
     "benchmarks/test_bench_async", "benchmarks/test_bench_rollout", "benchmarks/test_bench_stream",
-    "benchmarks/test_bench_backends", "jobs/test_quickstart_bpe", "jobs/test_eval", "jobs/test_gpu_check", "jobs/test_wheelhouse",
+    "benchmarks/test_bench_backends", "jobs/test_eval", "jobs/test_gpu_check", "jobs/test_wheelhouse",
     "jobs/test_reproducible", "jobs/test_cleanup", "jobs/test_submit", "notebooks/test_notebooks"))
 
 

@@ -122,9 +122,14 @@ def start_head(log: Path, num_cpus: int = 4, timeout_s: float = 120.0,
     raylet to register with the GCS and then tears the whole node down, which it did on
     a saturated 2-core machine. A start that ends so is tried again, `tries` in all,
     on new ports. `args`: more `ray start` options (--resources, --labels)."""
+    return _tried(lambda: _start_head(log, num_cpus, timeout_s, extra_env, args), tries)
+
+
+def _tried(start, tries: int):
+    """`start()`, again on a RuntimeError (a failed start), `tries` times in all."""
     for attempt in range(1, tries + 1):
         try:
-            return _start_head(log, num_cpus, timeout_s, extra_env, args)
+            return start()
         except RuntimeError:
             if attempt == tries:
                 raise
@@ -202,12 +207,7 @@ def join_node(head: HeadCluster, log: Path, num_cpus: int, args: tuple[str, ...]
     A raylet that dies while starting (it waits a fixed 15 s for its dashboard agent's
     port file, which a saturated machine missed; `ray start` noticed only minutes
     later) is a failed start, tried again, `tries` in all."""
-    for attempt in range(1, tries + 1):
-        try:
-            return _join_node(head, log, num_cpus, args, timeout_s)
-        except RuntimeError:
-            if attempt == tries:
-                raise
+    return _tried(lambda: _join_node(head, log, num_cpus, args, timeout_s), tries)
 
 
 def _join_node(head: HeadCluster, log: Path, num_cpus: int, args: tuple[str, ...],

@@ -51,5 +51,5 @@ def test_served_reward_grades_a_group_batched_and_under_deadlines(ray_cluster, k
         stop_served_rewards(owned)
     assert owned.served_app_name(kind) not in serve.status().applications
     gone = from_config(hurried_cfg(kind, 2.0), owned.tag)  # the app is gone: reasons, not a hang
-    failed = gone.grade("chain", "12+7=", "19", TEXTS[:1])
+    failed = gone.grade(kind, "12+7=", "19", TEXTS[:1])
     assert failed[0][0] == 0.0 and reason_kind(failed[0][1]) in (f"{kind} failed", f"{kind} timeout")
