@@ -187,7 +187,8 @@ def start_served_rewards(reward, models: dict[str, str], owned, timeout_s: float
 
 
 def stop_served_rewards(owned) -> None:
-    """Delete the job's served-reward apps that exist (each waited for)."""
+    """Delete the job's apps beside its rollout app that exist (each waited for): the
+    served rewards' and the distillation teacher's (ownership.SERVED_APP_PREFIXES)."""
     from areal_ray.cluster.placement import delete_app
     live = serve.status().applications
     for name in owned.app_names[1:]:

@@ -1,6 +1,7 @@
 """The teacher app's part in a run (areal_ray/run/job.py): its model resolved (the
 embedded teacher built on first use) and checked before Ray starts, deployed beside
-the rollout app, running before any prompt is admitted, deleted with the run."""
+the rollout app, running before any prompt is admitted; deleted with the run's other owned apps
+(deployments/judge.py `stop_served_rewards`)."""
 
 from __future__ import annotations
 
@@ -31,17 +32,6 @@ def wait(cfg, app_name: str) -> None:
     if cfg.algo.distill.enabled:
         from areal_ray.cluster.placement import wait_for_app
         wait_for_app(teacher_app_name(app_name), cfg.run.placement_timeout_s)
-
-
-def stop(cfg, app_name: str) -> None:
-    """Delete the teacher app; a failure is said, never raised (a run's clean-up)."""
-    if not cfg.algo.distill.enabled:
-        return
-    from areal_ray.cluster.placement import delete_app
-    try:
-        delete_app(teacher_app_name(app_name))
-    except Exception as e:  # noqa: BLE001 - must not hide the run's own error
-        print(f"[areal-ray] the teacher app was not deleted: {type(e).__name__}: {e}", flush=True)
 
 
 def may_drop(cfg) -> bool:

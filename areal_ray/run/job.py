@@ -432,9 +432,8 @@ def run_training(cfg: Config) -> dict:
             delete_app(app_name)
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
-        teacher_app.stop(cfg, app_name)
         try:
-            stop_served_rewards(owned)
+            stop_served_rewards(owned)  # the judge's, the reward model's and the teacher's apps
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)
