@@ -61,7 +61,7 @@ lint: venv  ## ruff over the tree (rules in pyproject.toml); test and test-fast 
 # the end. Whole modules split over two workers were slower (48 min against 36: two
 # jobs at once starve each other). TEST_WORKERS=0 runs the suite in one process. The
 # output ends with a line per lane (tests/conftest.py: its tests' seconds, when it ended);
-# AREAL_TEST_TIMELINE=<file> writes every test phase there, the contract tier's to <file>.contract.
+# AREAL_TEST_TIMELINE=<file> appends every test phase there as it ends, the contract tier's to <file>.contract.
 TEST_WORKERS ?= 2
 test: lint  ## the whole suite on local Ray clusters the session starts, the contract tier (and its install) beside it
 	$(call ISOLATION_NOTE,without it the tests of the isolation skip and the other tests run code under reward.sandbox=rlimits)

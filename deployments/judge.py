@@ -184,13 +184,3 @@ def start_served_rewards(reward, models: dict[str, str], owned, timeout_s: float
     for name in apps:
         wait_for_app(name, timeout_s)
     return apps
-
-
-def stop_served_rewards(owned) -> None:
-    """Delete the job's apps beside its rollout app that exist (each waited for): the
-    served rewards' and the distillation teacher's (ownership.SERVED_APP_PREFIXES)."""
-    from areal_ray.cluster.placement import delete_app
-    live = serve.status().applications
-    for name in owned.app_names[1:]:
-        if name in live:
-            delete_app(name)

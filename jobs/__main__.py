@@ -19,6 +19,7 @@ import sys
 
 COMMANDS = {  # command: (module, one line for `areal-ray --help`)
     "train": ("jobs.train", "asynchronous RL training (conf/*.yaml, key=value overrides)"),
+    "sft": ("jobs.sft", "supervised fine-tuning (completion NLL) on the RL trainer (conf/sft.yaml)"),
     "eval": ("jobs.eval", "held-out pass@1 / pass@k of a model or a run's checkpoint"),
     "plan": ("jobs.plan", "where a run's replicas and trainers go on a cluster shape, and whether it fits"),
     "cleanup": ("jobs.cleanup", "remove what killed jobs left on a cluster (Serve apps, shm weight files)"),

@@ -125,12 +125,16 @@ def pytest_runtest_logreport(report):
     node = getattr(report, "node", None)
     LANES.append(Phase(node.gateway.id if node is not None else "main", report.nodeid,
                        report.when, report.start, report.stop))
+    if path := os.environ.get("AREAL_TEST_TIMELINE"):  # as each phase ends: a stopped run keeps its lines
+        with open(path, "a") as f:
+            f.write(json.dumps(LANES[-1]._replace(start=report.start - T0, stop=report.stop - T0)._asdict()) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter):
     """One line per lane: its tests' seconds and when its last test ended, so the lanes'
     split (E2E_SECOND_LANE) can be judged from CI's output. AREAL_TEST_TIMELINE=<file>
-    also writes every phase as a JSON line (times from the session's start)."""
+    also gets every phase as a JSON line as it ends (times from the session's start).
+    Then the e2e modules' seconds, the slowest first: where a lane's time goes."""
     for lane in sorted({p.lane for p in LANES}):
         phases = [p for p in LANES if p.lane == lane]
         busy = sum(p.stop - p.start for p in phases)
@@ -138,10 +142,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"lane {lane}: {len({p.test for p in phases})} tests, {busy:.0f} s in tests "
             f"({e2e:.0f} s e2e), last ended {max(p.stop for p in phases) - T0:.0f} s after start")
-    if LANES and (path := os.environ.get("AREAL_TEST_TIMELINE")):
-        with open(path, "w") as f:
-            for p in LANES:
-                f.write(json.dumps(p._replace(start=p.start - T0, stop=p.stop - T0)._asdict()) + "\n")
+    modules: dict[tuple[str, str], float] = {}
+    for p in LANES:
+        if in_e2e_dir(p.test):
+            key = (p.lane, p.test.split("::")[0])
+            modules[key] = modules.get(key, 0.0) + p.stop - p.start
+    for (lane, module), s in sorted(modules.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"  {s:6.0f} s  {lane}  {module}")
 
 
 @pytest.fixture(scope="session")

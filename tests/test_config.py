@@ -259,6 +259,10 @@ def test_benchmark_config_loads():
     from benchmarks.bench_async import BenchAsyncConfig, check
     c = check(load_config(str(REPO / "conf" / "bench_async.yaml"), schema=BenchAsyncConfig))
     assert 0 in c.etas and c.base.train.steps >= 1
+    from benchmarks.bench_distill import BenchDistillConfig
+    from benchmarks.bench_distill import check as check_distill
+    d = check_distill(load_config(str(REPO / "conf" / "bench_distill.yaml"), schema=BenchDistillConfig))
+    assert d.base.algo.distill.enabled and d.base.algo.eta == 0 and len(d.seeds) == 3
 
 
 def test_a_yaml_syntax_error_in_a_file_names_the_file_and_line(tmp_path):

@@ -160,7 +160,7 @@ def reap(tag: str, dry_run: bool = False) -> SweepReport:
 
     owned = Owned(tag)
     live = serve.status().applications  # a served reward's app exists only where the run had one
-    report = SweepReport(dry_run, apps=[owned.app_name, *(a for a in owned.app_names[1:] if a in live)])
+    report = SweepReport(dry_run, apps=[owned.app_name, *owned.extra_apps(live)])
     if not dry_run:
         for app in report.apps:
             serve.delete(app, _blocking=False)  # a no-op for an app already gone

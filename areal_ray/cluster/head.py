@@ -199,6 +199,16 @@ class JoinedNode:
     def stop(self) -> None:
         stop_session(self.proc)
 
+    def kill(self) -> None:
+        """The node lost as a machine is: SIGKILL to every process of its session at
+        once (the raylet, its workers and agents, `ray start`), nothing told first."""
+        for pid in session_processes(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
 
 def join_node(head: HeadCluster, log: Path, num_cpus: int, args: tuple[str, ...] = (),
               timeout_s: float = 180.0, tries: int = 5) -> JoinedNode:

@@ -83,6 +83,11 @@ class Owned:
         """Every Serve app the job may own: the rollout app and the served rewards'."""
         return [self.app_name, *(p + self.tag for p in SERVED_APP_PREFIXES.values())]
 
+    def extra_apps(self, live) -> list[str]:
+        """The job's apps beside its rollout app (the served rewards', the teacher's)
+        among `live` app names: each exists only where the run had one."""
+        return [a for a in self.app_names[1:] if a in live]
+
     def weight_file(self, kind: str, cluster: int, pid: int, rest: str) -> str:
         """The name of a weight file written by process `pid` of the cluster whose GCS
         listens on port `cluster`; `rest` tells a writer's files apart (a slot, a uuid)

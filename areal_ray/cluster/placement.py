@@ -204,6 +204,13 @@ def delete_app(app_name: str, timeout_s: float = 60.0, poll_s: float = 0.1) -> N
         time.sleep(poll_s)
 
 
+def delete_extra_apps(owned) -> None:
+    """Delete the job's apps beside its rollout app that exist, each waited for: the
+    served rewards' and the distillation teacher's (ownership.SERVED_APP_PREFIXES)."""
+    for name in owned.extra_apps(serve.status().applications):
+        delete_app(name)
+
+
 def deploy_app(app, app_name: str, timeout_s: float, route_prefix: str | None = None,
                wait: bool = True):
     """Deploy `app` without Serve's unbounded wait, then (`wait`) wait with the deadline.

@@ -95,6 +95,7 @@ class Demand:
 
 REPLICA, TRAINER, REWARD = "rollout replica", "trainer worker", "reward actor"
 TEACHER = "teacher replica"  # algo.distill's scoring app (deployments/teacher.py)
+JUDGE, REWARD_MODEL = "judge replica", "reward model replica"  # reward.judge, reward.reward_model (deployments/judge.py)
 
 
 def demands(cfg, training: bool = True) -> list[Demand]:
@@ -107,7 +108,11 @@ def demands(cfg, training: bool = True) -> list[Demand]:
         return [replicas]
     d = cfg.algo.distill
     teacher = [Demand(TEACHER, d.num_cpus, d.num_gpus, d.min_replicas)] if d.enabled else []
-    return [replicas, *teacher,  # the job deploys the teacher right after the rollout app
+    served = [Demand(role, s.num_cpus, s.num_gpus, s.min_replicas)
+              for role, s in ((JUDGE, cfg.reward.judge), (REWARD_MODEL, cfg.reward.reward_model))
+              if s.enabled]
+    # in the job's order: the teacher right after the rollout app, then the served rewards
+    return [replicas, *teacher, *served,
             Demand(TRAINER, t.num_cpus_per_worker, t.num_gpus_per_worker if t.use_gpu else 0.0,
                    t.num_workers, NodeRequirement.of(t)),
             Demand(REWARD, cfg.reward.num_cpus, 0.0, cfg.reward.min_actors)]

@@ -7,7 +7,7 @@ carries a one-line help text: `python -m jobs.train --help` prints them all with
 defaults.
 
 One module per component holds its section (`model`, `task`, `rollout`, `reward`,
-`algo`, `train`, `weights`, `run`, `eval`) with the checks of its own fields; `root`
+`algo`, `train`, `weights`, `run`, `eval`, `sft`) with the checks of its own fields; `root`
 holds `Config` and the checks across sections; `choices` the enums of the named choices;
 `load` reading, `to_dict` and `--help`. This package imports no torch: the config is
 unpickled in processes that never touch a tensor (tests/test_light_imports.py).
@@ -47,6 +47,7 @@ from areal_ray.config.rollout import RolloutConfig
 from areal_ray.config.root import Config
 from areal_ray.config.run import RunConfig
 from areal_ray.config.section import ConfigError, opt
+from areal_ray.config.sft import SftConfig
 from areal_ray.config.task import TaskConfig
 from areal_ray.config.train import TrainConfig
 from areal_ray.config.weights import WeightsConfig
@@ -56,7 +57,7 @@ __all__ = [
     "CollectiveBackend", "Config", "ConfigError", "CriticConfig", "DynamicFilterConfig",
     "EvalConfig", "ImportanceLevel", "KlEstimator", "LossConfig", "LrSchedule", "MasterDtype",
     "LoraConfig", "LoraPush", "MicrobatchConfig", "ModelConfig", "OptimConfig", "ProxLogp", "RewardConfig",
-    "RewardShapingConfig", "RolloutBackend", "RolloutConfig", "Router", "RunConfig",
+    "RewardShapingConfig", "RolloutBackend", "RolloutConfig", "Router", "RunConfig", "SftConfig",
     "TaskConfig", "TrainConfig", "WeightPath", "WeightsConfig", "help_lines", "load_config",
     "opt", "to_dict", "validate",
 ]

@@ -12,6 +12,7 @@ from areal_ray.config.reward import RewardConfig
 from areal_ray.config.rollout import RolloutConfig
 from areal_ray.config.run import RunConfig
 from areal_ray.config.section import require, section
+from areal_ray.config.sft import SftConfig
 from areal_ray.config.task import TaskConfig
 from areal_ray.config.train import TrainConfig
 from areal_ray.config.weights import WeightsConfig
@@ -28,6 +29,7 @@ class Config:
     weights: WeightsConfig = section(WeightsConfig, "weight pushes to the replicas")
     run: RunConfig = section(RunConfig, "outputs, cluster, MLflow, resume")
     eval: EvalConfig = section(EvalConfig, "the standalone eval job")
+    sft: SftConfig = section(SftConfig, "the supervised fine-tuning job (jobs.sft)")
 
 
 def engine_tensor_parallel(rollout) -> int:
@@ -52,6 +54,12 @@ def check_across(cfg: Config) -> None:
             f"rollout.num_gpus={cfg.rollout.num_gpus:g} but the engine is tensor parallel over {tp} "
             f"GPUs (rollout.engine_kwargs): each replica needs rollout.num_gpus={tp}")
     check_lora(cfg)
+    # The engine returns the logprobs of the distribution it sampled from, tempered; the
+    # teacher scores at T=1. Their difference would be the temperature's, not the models'.
+    require(not cfg.algo.distill.enabled or cfg.rollout.temperature == 1.0,
+            f"algo.distill.enabled needs rollout.temperature=1 (it is {cfg.rollout.temperature:g}): "
+            "the student's behaviour logprobs are tempered and the teacher's are not, so their "
+            "difference would not be the per-token reverse KL")
     require("flash" not in cfg.model.attn_implementation or cfg.train.use_gpu,
             f"model.attn_implementation={cfg.model.attn_implementation} needs train.use_gpu=true "
             "(CUDA-only kernels)")

@@ -28,6 +28,7 @@ import ray
 from ray.data import ActorPoolStrategy
 from ray.data.context import DEFAULT_ACTOR_POOL_UTIL_DOWNSCALING_THRESHOLD
 
+from areal_ray.cluster.home import near_node, on_node
 from areal_ray.data.deadline import EpisodeDeadline
 from areal_ray.data.stream import PromptStream, prompt_dataset
 from areal_ray.reward.pool import RewardStage
@@ -168,8 +169,11 @@ def episode_deadline(rollout) -> EpisodeDeadline:
 
 
 def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
-                   app_name: str, deployment_name: str, generation: int = 0) -> ray.data.Dataset:
-    ds = prompt_dataset(stream, driver_name, namespace, generation)
+                   app_name: str, deployment_name: str, generation: int = 0,
+                   home: str = "") -> ray.data.Dataset:
+    """`home`: the job's node, where the reads and the rollout (and teacher) stages run
+    (cluster/home.py; "": any node), and which the reward pool prefers."""
+    ds = prompt_dataset(stream, driver_name, namespace, generation, home)
     concurrent = cfg.rollout.max_concurrent_rollouts or (cfg.algo.eta + 1) * cfg.algo.batch_groups
     ds = ds.map_batches(
         RolloutStage, batch_size=None, num_cpus=0,
@@ -184,14 +188,15 @@ def build_pipeline(stream: PromptStream, cfg, driver_name: str, namespace: str,
                                   max_concurrent_calls_per_actor=concurrent),
         # a workflow's python tool runs code in the reward sandbox, in the mode the run
         # chose (reward.sandbox; Ray merges these env vars with the job's)
-        runtime_env={"env_vars": {SANDBOX_ENV: cfg.reward.sandbox}})
+        runtime_env={"env_vars": {SANDBOX_ENV: cfg.reward.sandbox}}, **on_node(home))
     ds = ds.map_batches(
         RewardStage, batch_size=None, num_cpus=cfg.reward.num_cpus,
         fn_constructor_kwargs=dict(reward=cfg.reward, driver_name=driver_name, namespace=namespace),
-        compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors))
+        compute=ActorPoolStrategy(min_size=cfg.reward.min_actors, max_size=cfg.reward.max_actors),
+        **near_node(home))
     if cfg.algo.distill.enabled:  # the teacher scores each rewarded group (areal_ray/distill/)
         from areal_ray.distill.stage import add_teacher_stage  # it imports this module
-        ds = add_teacher_stage(ds, cfg, app_name)
+        ds = add_teacher_stage(ds, cfg, app_name, home)
     return ds
 
 
@@ -212,12 +217,13 @@ class PipelineFactory:
     driver generation) each time the trainer's worker group starts."""
 
     def __init__(self, stream: PromptStream, cfg, driver_name: str,
-                 namespace: str, app_name: str, deployment_name: str):
+                 namespace: str, app_name: str, deployment_name: str, home: str = ""):
         self.args = (stream, cfg, driver_name, namespace, app_name, deployment_name)
+        self.home = home
 
     def __call__(self) -> ray.data.Dataset:
         # Called in Ray Train's controller: a dataset takes this process's context.
         configure_data_context(ray.data.DataContext.get_current(), self.args[1])
         driver = ray.get_actor(self.args[2], namespace=self.args[3])
         generation = ray.get(driver.begin_generation.remote())
-        return build_pipeline(*self.args, generation=generation)
+        return build_pipeline(*self.args, generation=generation, home=self.home)

@@ -41,6 +41,7 @@ from ray.data import DataContext
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from areal_ray.cluster.home import on_node
 from areal_ray.data import block_stats
 from areal_ray.data.prompts import PLAIN, Fields, check_row
 from areal_ray.data.sources import MAX_ROW_BYTES, READERS, DatasetError, count_rows, resolve
@@ -213,7 +214,7 @@ class PromptDatasource(Datasource):
 
 
 def prompt_dataset(stream: PromptStream, driver_name: str = "", namespace: str = "",
-                   generation: int = 0) -> ray.data.Dataset:
+                   generation: int = 0, home: str = "") -> ray.data.Dataset:
     """The stream as a Dataset of one-row blocks `{pos, uid, prompt, answer, verifier}`.
 
     One row per block: a block is what the rollout stage handles in one call, and a
@@ -221,7 +222,8 @@ def prompt_dataset(stream: PromptStream, driver_name: str = "", namespace: str =
     (docs/stack_facts.md). One read task at a time and no CPU reserved: parsing is
     light, and a CPU held by a reader paused by backpressure would starve the trainer
     on a small machine (a `repartition` would split blocks too, but in tasks that each
-    need a CPU: with the trainers and reward actors holding every CPU it never ran)."""
+    need a CPU: with the trainers and reward actors holding every CPU it never ran).
+    `home`: the node the reads run on (cluster/home.py; "": any)."""
     source = PromptDatasource(stream, driver_name, namespace, generation)
     # Ray Data merges a read task's blocks until `target_max_block_size` (128 MiB by
     # default): a million-row file would be parsed whole before its first prompt
@@ -234,7 +236,8 @@ def prompt_dataset(stream: PromptStream, driver_name: str = "", namespace: str =
     saved, ctx.target_max_block_size = ctx.target_max_block_size, MAX_BLOCK_BYTES
     try:
         ds = ray.data.read_datasource(source, num_cpus=0, concurrency=1,
-                                      override_num_blocks=len(stream.tasks()))
+                                      override_num_blocks=len(stream.tasks()),
+                                      ray_remote_args=on_node(home) or None)
     finally:
         ctx.target_max_block_size = saved
     return ds

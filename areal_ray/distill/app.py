@@ -1,7 +1,7 @@
 """The teacher app's part in a run (areal_ray/run/job.py): its model resolved (the
 embedded teacher built on first use) and checked before Ray starts, deployed beside
 the rollout app, running before any prompt is admitted; deleted with the run's other owned apps
-(deployments/judge.py `stop_served_rewards`)."""
+(cluster/placement.py `delete_extra_apps`)."""
 
 from __future__ import annotations
 

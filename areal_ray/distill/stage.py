@@ -33,7 +33,10 @@ def teacher_app_name(app_name: str) -> str:
     remove it as they remove the rollout app."""
     from areal_ray.cluster.ownership import Owned, tag_of_app
     tag = tag_of_app(app_name)
-    return Owned(tag).served_app_name("teacher") if tag else f"{app_name}-teacher"
+    if tag is None:  # a name no sweep would match: the teacher would outlive a killed job
+        raise ValueError(f"the rollout app {app_name!r} carries no job tag (cluster/ownership.py), "
+                         "so its teacher app could not be swept with it")
+    return Owned(tag).served_app_name("teacher")
 
 
 class TeacherScoring:
@@ -94,10 +97,12 @@ class TeacherStage:
         return {"ticket": np.array(tickets, dtype=np.int64), "group": np.array(groups, dtype=object)}
 
 
-def add_teacher_stage(ds, cfg, app_name: str):
+def add_teacher_stage(ds, cfg, app_name: str, home: str = ""):
     """`ds` followed by the teacher stage: one async actor taking as many groups at once
-    as the rollout stage runs episodes."""
+    as the rollout stage runs episodes; on node `home` ("": any; cluster/home.py)."""
     from ray.data import ActorPoolStrategy
+
+    from areal_ray.cluster.home import on_node
     d = cfg.algo.distill
     concurrent = cfg.rollout.max_concurrent_rollouts or (cfg.algo.eta + 1) * cfg.algo.batch_groups
     return ds.map_batches(
@@ -105,4 +110,5 @@ def add_teacher_stage(ds, cfg, app_name: str):
         fn_constructor_kwargs=dict(app_name=teacher_app_name(app_name), deadline_s=d.deadline_s,
                                    late=str(d.late)),
         compute=ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=concurrent,
-                                  max_concurrent_calls_per_actor=concurrent))
+                                  max_concurrent_calls_per_actor=concurrent),
+        **on_node(home))

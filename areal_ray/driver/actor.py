@@ -34,6 +34,7 @@ weights stay readable by late replicas and the job.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import ray
@@ -49,6 +50,7 @@ from areal_ray.weights.payloads import AdapterMeta, AdapterPayload, CollectivePa
 from areal_ray.weights.probe import ProbeCheck, ProbeMismatch, ProbeRule
 
 MONITOR_PERIOD_S = 2.0
+logger = logging.getLogger(__name__)
 
 
 async def _alive(handle) -> bool:
@@ -315,6 +317,7 @@ class Driver:
             raise ProbeMismatch(self._probe_failed.pop(serial))
         return {"version": version, "push_s": time.perf_counter() - t0,
                 "replicas": len(self.publication.loaded), "dropped": dropped,
+                "replicas_lost": self.fleet.replicas_lost,
                 "load_s": self.publication.load_time(serial),
                 **(self.probe.summary(version) if self.probe is not None else {})}
 
@@ -348,6 +351,8 @@ class Driver:
         for replica_id in pending:
             handle = self.fleet.replicas.get(replica_id)
             if handle is not None and not await _alive(handle):
+                self.fleet.lose_replica(replica_id)
+                self._said_lost(replica_id)
                 await self.unregister_replica(replica_id)
         async with self.cond:
             serial = self.publication.latest.serial
@@ -442,13 +447,18 @@ class Driver:
     def reward_actors(self) -> list[str]:
         return sorted(self.fleet.reward_actors)
 
+    def _said_lost(self, replica_id: str) -> None:
+        logger.warning("rollout replica %s is gone (%d lost so far): the run goes on with the "
+                       "others", replica_id, self.fleet.replicas_lost)
+
     def _start_monitor(self) -> None:
         if self._monitor is None:
             self._monitor = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         while True:
-            for replica_id in await self.fleet.sweep(_alive):
+            for replica_id in await self.fleet.sweep(_alive):  # counted lost there
+                self._said_lost(replica_id)
                 await self.unregister_replica(replica_id)  # a pending push stops waiting
             self.metrics.replicas(len(self.publication.loaded))
             self.metrics.reward_actors(len(self.fleet.reward_actors))

@@ -27,12 +27,18 @@ class Fleet:
         self.replicas: dict[str, object] = {}  # replica id -> actor handle
         self.reward_actors: dict[str, object] = {}  # actor id -> handle
         self.loads: dict[str, list[dict]] = {}  # replica id -> its load reports
+        self.replicas_lost = 0  # found dead (not unregistered by themselves) so far
 
     def watch_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
 
     def forget_replica(self, replica_id: str) -> None:
         self.replicas.pop(replica_id, None)
+
+    def lose_replica(self, replica_id: str) -> None:
+        """A watched replica was found dead (with its node, or its process): counted."""
+        if self.replicas.pop(replica_id, None) is not None:
+            self.replicas_lost += 1
 
     def watch_reward_actor(self, actor_id: str, handle) -> None:
         self.reward_actors[actor_id] = handle
@@ -48,7 +54,7 @@ class Fleet:
         (the driver unregisters them from the publication)."""
         dead = [r for r, h in list(self.replicas.items()) if not await alive(h)]
         for r in dead:
-            self.replicas.pop(r, None)
+            self.lose_replica(r)
         for a, h in list(self.reward_actors.items()):
             if not await alive(h):
                 self.reward_actors.pop(a, None)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from areal_ray.config.judge import JUDGE, REWARD_MODEL
 from areal_ray.plugins import PluginError, import_class
 
 KEY = "reward.checkers"
 BUILTIN = {"math": "areal_ray.reward.math.MathChecker",
            "code": "areal_ray.reward.code.CodeChecker",
            "chain": "areal_ray.task.chains.ChainChecker"}  # the long-chain task's strict grade
+SERVED = (JUDGE, REWARD_MODEL)  # graded by a Serve app in training (areal_ray/judge/), never here
 
 
 @runtime_checkable
@@ -43,6 +45,11 @@ class CheckerRegistry:
 
     def get(self, verifier: str) -> RewardChecker:
         if verifier not in self._checkers:
+            if verifier in SERVED and verifier not in self.paths:
+                raise ValueError(f"verifier {verifier!r} is a served model's (reward.{verifier}): rows "
+                                 "naming it are graded in training by its Serve app with "
+                                 f"reward.{verifier}.enabled=true; no checker grades them here (held-out "
+                                 "evaluation needs rows with a checker's verifier, e.g. math)")
             if verifier not in self.paths:
                 raise ValueError(f"unknown verifier {verifier!r}: the checkers are "
                                  f"{', '.join(self.names)} (add one under {KEY})")

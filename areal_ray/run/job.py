@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_ray.cluster.attention import check_attention, check_attention_on_nodes
 from areal_ray.cluster.cleanup import sweep
+from areal_ray.cluster.home import job_node, on_node
 from areal_ray.cluster.ownership import Owned, new_tag
 from areal_ray.cluster.placement import (
     PlacementError,
@@ -36,6 +37,7 @@ from areal_ray.cluster.placement import (
     check_placement,
     check_run_dir,
     delete_app,
+    delete_extra_apps,
     deploy_app,
     train_start_problem,
     wait_for_app,
@@ -77,7 +79,7 @@ from areal_ray.train.torch_group import TorchGroupConfig
 from areal_ray.weights.encoding import NCCL_ENV, state_from
 from areal_ray.weights.group import free_port
 from areal_ray.weights.probe import run_probe_rule
-from deployments.judge import start_served_rewards, stop_served_rewards
+from deployments.judge import start_served_rewards
 from deployments.openai_api import build_openai_app
 from deployments.rollout import DEPLOYMENT_NAME, build_app
 
@@ -164,6 +166,7 @@ class StepTail:
         self.events: list[dict] = list(prior)
         self.start_version: int | None = None  # where this job's trainer started
         self._seen = 0
+        self._lost = 0  # rollout replicas the driver found dead, as last said
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -195,6 +198,11 @@ class StepTail:
     def _step(self, rec: dict) -> None:
         self.events.append(rec)
         self.tracker.log_step(rec)
+        if (lost := rec.get("replicas_lost", 0)) > self._lost:  # this job's driver's count
+            self.progress.note(f"[areal-ray] {lost - self._lost} rollout replica(s) lost before "
+                               f"v{rec['version']} (its node or process gone); the run goes on "
+                               f"with {rec.get('replicas')}")
+            self._lost = lost
         self.progress.step(rec)
 
     def _run(self) -> None:
@@ -330,7 +338,10 @@ def run_training(cfg: Config) -> dict:
     # driver holds admissions until the eval before has measured the initial weights.
     why_sequential = sequential_start(cfg)
     eval_before = cfg.run.eval_before and not resume  # a resumed run's was its first job's
-    driver = Driver.options(name=driver_name).remote(
+    # The run's own parts live on the job's node: losing another node loses replicas
+    # (or trainer workers), never the driver or the pipeline (cluster/home.py).
+    home = job_node()
+    driver = Driver.options(name=driver_name, **on_node(home)).remote(
         cfg.algo.eta, cfg.algo.batch_groups, cfg.rollout.max_concurrent_rollouts,
         cfg.run.push_timeout_s, cfg.run.name, ordered=cfg.run.deterministic,
         held=why_sequential is None and eval_before, probe=run_probe_rule(cfg))
@@ -348,7 +359,7 @@ def run_training(cfg: Config) -> dict:
         DataContext.get_current().enable_progress_bars = False  # ours instead (progress.py)
         # A replay trains on the recorded batches: no pipeline, no generation.
         datasets = {} if replay_dir else {"train": PipelineFactory(
-            prompts, cfg, driver_name, namespace, app_name, DEPLOYMENT_NAME)}
+            prompts, cfg, driver_name, namespace, app_name, DEPLOYMENT_NAME, home)}
         trainer = TorchTrainer(
             train_loop_per_worker,
             torch_config=TorchGroupConfig(),  # the controller needs no torch (train/torch_group.py)
@@ -433,7 +444,7 @@ def run_training(cfg: Config) -> dict:
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         try:
-            stop_served_rewards(owned)  # the judge's, the reward model's and the teacher's apps
+            delete_extra_apps(owned)  # the judge's, the reward model's and the teacher's apps
         except Exception:  # noqa: BLE001 - cleanup must not hide the real error
             pass
         ray.kill(driver)

@@ -12,3 +12,10 @@ def train_loop_per_worker(config: dict) -> None:
     from areal_ray.train.loop import train_loop_per_worker as run
 
     run(config)
+
+
+def sft_loop_per_worker(config: dict) -> None:
+    """`jobs.sft`'s worker loop (areal_ray/sft/loop.py), for the same reason."""
+    from areal_ray.sft.loop import sft_loop_per_worker as run
+
+    run(config)

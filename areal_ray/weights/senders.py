@@ -73,7 +73,7 @@ def push_stats(path: str, nbytes: int, transfer_s: float, push: dict) -> dict:
     """A step record's push fields; `push` is the driver's reply (acks, drops)."""
     return {"push_path": path, "push_bytes": nbytes, "push_transfer_s": transfer_s,
             "push_load_s": push["load_s"], "replicas": push["replicas"],
-            "push_dropped": len(push["dropped"]),
+            "push_dropped": len(push["dropped"]), "replicas_lost": push.get("replicas_lost", 0),
             **{k: push[k] for k in ("probe_max_diff", "probe_signal", "probe_moved", "probe_unseen")
                if k in push}}
 

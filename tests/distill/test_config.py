@@ -23,6 +23,7 @@ def test_conf_distill_loads_with_its_teacher():
     (["algo.distill.coef=0"], "algo.distill.coef must be > 0"),
     (["algo.distill.reward_weight=-1"], "algo.distill.reward_weight must be >= 0"),
     (["algo.adv.estimator=gae"], "algo.adv.estimator=gae"),
+    (["rollout.temperature=0.6"], r"needs rollout.temperature=1 \(it is 0.6\)"),
 ])
 def test_bad_settings_are_refused_naming_the_key(extra, message):
     with pytest.raises(ConfigError, match=message):

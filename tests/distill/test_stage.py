@@ -4,6 +4,8 @@ that does not fit each end with the group marked, and a late call never holds it
 import asyncio
 import time
 
+import pytest
+
 from areal_ray.distill.advantage import FAILED, LATE, OK, TEACHER
 from areal_ray.distill.stage import TeacherScoring
 from deployments.teacher import completion_logprobs
@@ -87,4 +89,5 @@ def test_the_teacher_app_is_named_from_the_jobs_tag_so_the_sweep_finds_it():
     name = teacher_app_name(owned.app_name)
     assert name == "areal-teacher-0a1b2c3d" and name in owned.app_names
     assert tag_of_app(name) == "0a1b2c3d" and stale_apps([name], frozenset()) == [name]
-    assert teacher_app_name("my-app") == "my-app-teacher"  # an app not named by a job tag
+    with pytest.raises(ValueError, match="'my-app' carries no job tag"):
+        teacher_app_name("my-app")

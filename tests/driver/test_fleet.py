@@ -36,3 +36,19 @@ def test_event_log_lets_read_events_go():
     assert [e["i"] for e in log.read(3)] == [3]
     assert [e["i"] for e in log.read(0)] == [3]  # read before: gone
     assert log.read(4) == []
+
+
+def test_replicas_found_dead_count_as_lost_and_those_that_left_do_not():
+    f = Fleet()
+    for r, h in (("r1", "alive"), ("r2", "dead"), ("r3", "alive"), ("r4", "alive")):
+        f.watch_replica(r, h)
+
+    async def alive(handle):
+        return handle == "alive"
+
+    asyncio.run(f.sweep(alive))
+    f.forget_replica("r3")  # unregistered itself (Serve scaled it down): not a loss
+    f.lose_replica("r4")  # found dead by a release round
+    f.lose_replica("r4")  # and again by the monitor: counted once
+    f.lose_replica("r9")  # never watched
+    assert f.replicas_lost == 2 and list(f.replicas) == ["r1"]

@@ -1,6 +1,8 @@
 """End to end: conf/judge.yaml, the quickstart rewarded by the served judge (its own
 Serve app, deployments/judge.py) through the real job; a judge replica killed mid-run
-costs calls, not steps. Learning itself is measured by the full demo's run
+costs calls, not steps. The same job carries a distillation teacher that no call can
+reach in time (tests/jobs/test_distill.py scores with it): every group is late, counted,
+and trained on the judge's reward alone. Learning itself is measured by the full demo's run
 (docs/benchmarks.md), not asserted here."""
 
 import threading
@@ -65,7 +67,9 @@ def test_judge_rewarded_run_trains_every_step_through_a_killed_judge_replica(
         f"model.path={embedded_model}", f"train.steps={STEPS}", f"algo.batch_groups={B}",
         f"rollout.group_size={G}", "task.n_eval=16", "run.eval_before=false",
         "reward.judge.max_replicas=1", "reward.judge.timeout_s=3", "reward.judge.retries=1",
-        f"run.run_dir={run_dir}", f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+        f"run.run_dir={run_dir}", f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        "algo.distill.enabled=true", f"algo.distill.teacher_path={embedded_model}",
+        "algo.distill.num_cpus=0.5", "algo.distill.deadline_s=0.0001", "algo.distill.late=reward"])
     killer = KillAJudgeReplica(run_dir, after=1)
     killer.start()
     summary = run_training(cfg)
@@ -80,6 +84,9 @@ def test_judge_rewarded_run_trains_every_step_through_a_killed_judge_replica(
     kinds = {}
     for r in recs:
         assert r["n_samples"] == B * G
+        # the teacher answered no call in time: each group late, trained on its reward
+        assert (r["teacher_scored"], r["teacher_late"], r["teacher_dropped"]) == (0, B, 0)
+        assert r["distill_reverse_kl"] is None
         assert sum(r["reward_reasons"].values()) == B * G
         assert set(r["reward_reasons"]) <= {"judge scored", "judge timeout", "judge failed",
                                             "judge unparsed"}
@@ -89,4 +96,5 @@ def test_judge_rewarded_run_trains_every_step_through_a_killed_judge_replica(
     # the calls the kill cost: reward 0 with the reason, counted, and the run went on
     assert kinds.get("judge timeout", 0) + kinds.get("judge failed", 0) > 0, kinds
     assert 0.0 <= summary["eval_accuracy_after"] <= 1.0  # graded by math (instead_of)
-    assert not [a for a in serve.status().applications if a.startswith("areal-judge-")]  # deleted with the job
+    assert not [a for a in serve.status().applications
+                if a.startswith(("areal-judge-", "areal-teacher-"))]  # deleted with the job

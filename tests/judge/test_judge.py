@@ -121,3 +121,17 @@ def test_one_served_reward_per_verifier():
     with pytest.raises(ConfigError, match="both reward.judge.instead_of and reward.reward_model"):
         load_config("conf/judge.yaml", ["reward.reward_model.enabled=true",
                                         "reward.reward_model.instead_of=[math]"])
+
+
+def test_the_planner_counts_the_served_rewards_replicas_in_the_jobs_start_order():
+    from areal_ray.cluster.plan import JUDGE, REPLICA, REWARD, REWARD_MODEL, TRAINER, Node, demands, place
+    cfg = load_config("conf/judge.yaml", ["reward.judge.min_replicas=2", "reward.judge.max_replicas=2",
+                                          "reward.judge.num_cpus=1", "reward.reward_model.enabled=true",
+                                          "reward.reward_model.instead_of=[]"])
+    needs = demands(cfg)
+    assert [d.role for d in needs] == [REPLICA, JUDGE, REWARD_MODEL, TRAINER, REWARD]
+    assert (needs[1].count, needs[1].cpus) == (2, 1.0)
+    total = sum(d.count * d.cpus for d in needs)
+    assert place(needs, [Node("n0", cpus=total, gpus=0)]).fits
+    assert not place(needs, [Node("n0", cpus=total - 0.5, gpus=0)]).fits  # a judge replica short
+    assert not {JUDGE, REWARD_MODEL} & {d.role for d in demands(load_config("conf/quickstart.yaml", []))}

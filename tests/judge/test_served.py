@@ -7,11 +7,12 @@ import pytest
 from ray import serve
 
 from areal_ray.cluster.ownership import Owned
+from areal_ray.cluster.placement import delete_extra_apps
 from areal_ray.config import load_config
 from areal_ray.judge.client import DEPLOYMENTS, from_config
 from areal_ray.judge.models import resolve_all
 from areal_ray.reward.pool import reason_kind
-from deployments.judge import start_served_rewards, stop_served_rewards
+from deployments.judge import start_served_rewards
 
 TEXTS = ["12+7=19.\\boxed{19}", "\\boxed{18}", "\\boxed{91}", "no answer", "\\boxed{19}", "\\boxed{9}"]
 RIGHT = [True, False, False, False, True, False]
@@ -48,7 +49,7 @@ def test_served_reward_grades_a_group_batched_and_under_deadlines(ray_cluster, k
         assert all(r == 0.0 and reason_kind(why) == f"{kind} timeout" for r, why in late), late
         assert hurried.calls["late"] == 2
     finally:
-        stop_served_rewards(owned)
+        delete_extra_apps(owned)
     assert owned.served_app_name(kind) not in serve.status().applications
     gone = from_config(hurried_cfg(kind, 2.0), owned.tag)  # the app is gone: reasons, not a hang
     failed = gone.grade(kind, "12+7=", "19", TEXTS[:1])

@@ -60,6 +60,13 @@ def test_an_unknown_verifier_fails_naming_the_known_ones():
         check("llm", "x", "1")
 
 
+@pytest.mark.parametrize("served", ["judge", "reward_model"])
+def test_a_served_models_verifier_says_its_app_grades_it(served):
+    with pytest.raises(ValueError, match=rf"verifier '{served}' is a served model's \(reward.{served}\).*"
+                                         rf"reward.{served}.enabled=true"):
+        check(served, "x", "1")
+
+
 def test_the_reward_stage_reaches_an_extra_checker_in_its_checker_process():
     g = Group(ticket=1, uid="u", prompt="p", answer="3", verifier="length", admitted_version=0,
               samples=[Sample([1], [2], [-0.1], [0], "stop", text=t) for t in ("abc", "ab")])

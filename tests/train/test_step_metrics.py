@@ -40,6 +40,13 @@ def test_entropy_and_mismatch_equal_a_direct_computation(random_model_dir):
     assert stats["mismatch_k3"] == pytest.approx((log_r.exp() - 1 - log_r).mean().item(), rel=1e-4)
     assert stats["mismatch_chi2"] == pytest.approx((log_r.exp() ** 2 - 1).mean().item(), rel=1e-4)
     assert stats["mismatch_ppl_ratio"] == pytest.approx(math.exp(stats["mismatch_kl"]), rel=1e-6)
+    # make_seqs' sequence i was generated at version i: at version 0 only the first is fresh
+    fresh = (mb["versions"] == 0)[mask]
+    assert 0 < fresh.sum() < mask.sum()
+    assert stats["fresh_frac"] == pytest.approx(fresh.float().mean().item())
+    k3 = log_r.exp() - 1 - log_r
+    assert stats["mismatch_k3_fresh"] == pytest.approx(k3[fresh].mean().item(), rel=1e-4)
+    assert stats["mismatch_k3_fresh"] != pytest.approx(stats["mismatch_k3"], rel=1e-3)
 
 
 def test_the_entropy_bonus_raises_the_entropy(random_model_dir):
