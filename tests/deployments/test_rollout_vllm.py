@@ -61,7 +61,10 @@ def push(app, tmp_path, path="object_store"):
     perturb(app["model"], app["version"])
     pusher = WeightPusher(WeightsConfig(path=path, bucket_mb=1, timeout_s=30.0), app["driver"], 0,
                           str(tmp_path / "weights"))
-    _, stats = pusher.push(app["model"], app["version"])
+    try:
+        _, stats = pusher.push(app["model"], app["version"])
+    finally:
+        pusher.close()  # an shm push's file (unowned here: no job tag) goes with it
     return stats
 
 
