@@ -84,6 +84,28 @@ def read_events(path: Path) -> list[dict]:
         if path.exists() else []
 
 
+def open_run(cfg: Config, run_dir: Path, resume: bool):
+    """(the run's MLflow run, now active; the tracking URI). A resumed run continues the
+    MLflow run whose id its run dir keeps; a new one logs the config as params."""
+    uri = use_experiment(cfg)
+    id_file = run_dir / "mlflow_run_id"
+    if resume and id_file.exists():  # params are immutable in MLflow: keep the first ones
+        run = mlflow.start_run(run_id=id_file.read_text().strip())
+        mlflow.set_tag("resumed", "true")
+    else:
+        run = mlflow.start_run(run_name=cfg.run.name)
+        mlflow.log_params(params_of(cfg))
+        id_file.write_text(run.info.run_id)
+    mlflow.set_tag("run_dir", str(run_dir))
+    return run, uri
+
+
+def numbers(record: dict, skip: tuple = ()) -> dict[str, float]:
+    """A record's numeric values (not bools, not `skip`), as MLflow metrics take them."""
+    return {k: float(v) for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in skip}
+
+
 class RunTracker:
     """steps.jsonl is the run's log: step records, and a restore marker each time the
     trainer restarts from a checkpoint (steps after it may appear twice; `lineage`
@@ -98,19 +120,10 @@ class RunTracker:
         if not resume:
             self.steps_path.write_text("")
         self.config_path = write_config_record(run_dir, to_dict(cfg), resume)
-        uri = use_experiment(cfg)
-        id_file = run_dir / "mlflow_run_id"
-        if resume and id_file.exists():  # params are immutable in MLflow: keep the first ones
-            self.run = mlflow.start_run(run_id=id_file.read_text().strip())
-            mlflow.set_tag("resumed", "true")
-        else:
-            self.run = mlflow.start_run(run_name=cfg.run.name)
-            mlflow.log_params(params_of(cfg))
-            id_file.write_text(self.run.info.run_id)
+        self.run, uri = open_run(cfg, run_dir, resume)
         # Step metrics arrive on the tailing thread, where mlflow's (thread-local) active
         # run is not set: log through a client with the explicit run id.
         self.client = mlflow.MlflowClient(tracking_uri=uri)
-        mlflow.set_tag("run_dir", str(run_dir))
 
     @property
     def run_id(self) -> str:
@@ -125,8 +138,7 @@ class RunTracker:
             f.write(json.dumps(rec) + "\n")
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[
-            Metric(k, float(v), now, int(rec["step"])) for k, v in rec.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "t_wall")])
+            Metric(k, v, now, int(rec["step"])) for k, v in numbers(rec, ("step", "t_wall")).items()])
 
     def finish(self, summary: dict, steps: list[dict], model_dir: Path | None = None) -> None:
         """summary.json, the curves PNG, the run's files and the final model (HF format,
@@ -139,8 +151,7 @@ class RunTracker:
             if self.cfg.run.register_model:
                 summary["registered_model"] = self.register()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        mlflow.log_metrics({k: float(v) for k, v in summary.items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        mlflow.log_metrics(numbers(summary))
         for p in dict.fromkeys([self.steps_path, self.run_dir / "summary.json",
                                 self.run_dir / "config.json", self.config_path,
                                 self.run_dir / "curves.png"]):

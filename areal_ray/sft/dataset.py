@@ -26,8 +26,8 @@ from areal_ray.task import arith
 
 # seeds of the embedded rows, apart from RL's prompt streams (data/prompts.py) and the
 # warm start's dev split (task/tiny_model.py): train + task.seed, eval + task.seed
-EMBEDDED_TRAIN_SEED = 31_000_000
-EMBEDDED_EVAL_SEED = 32_000_000
+SFT_TRAIN_SEED = 31_000_000
+SFT_EVAL_SEED = 32_000_000
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,9 @@ def load_rows(cfg, tok) -> tuple[list[SftRow], list[SftRow]]:
                            "embeds only the arith task's data; set sft.train_path")
     gen = dict(tok=tok, max_len=s.max_len, max_steps=t.max_steps_per_problem, p_stop=t.chain_p_stop,
                p_direct=s.p_direct)
-    train = embedded_rows(EMBEDDED_TRAIN_SEED + t.seed, s.n_train, **gen)
+    train = embedded_rows(SFT_TRAIN_SEED + t.seed, s.n_train, **gen)
     held = file_rows(s.eval_path, tok, s.max_len, t.max_row_bytes) if s.eval_path else \
-        embedded_rows(EMBEDDED_EVAL_SEED + t.seed, s.n_eval, **gen)
+        embedded_rows(SFT_EVAL_SEED + t.seed, s.n_eval, **gen)
     return train, held
 
 

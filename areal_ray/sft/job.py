@@ -5,7 +5,8 @@
   Ray -> Ray Train fit (sft/loop.py on the RL trainer's workers) -> accuracy after
   -> summary.json and the MLflow run (`track`)
 
-The run dir holds what an RL run's does where it applies: `config.json`,
+The run dir holds what an RL run's does where it applies: `config.json` (a resumed
+job's config beside it, `config.resume-N.json`),
 `steps.jsonl` (a record per step and per held-out evaluation), `summary.json`,
 `train/` (Ray Train's checkpoints, `train.checkpoint_every`; `run.resume=true`
 continues from the latest) and `final_model/`, an HF model directory in the RL run's
@@ -26,6 +27,7 @@ from ray.train.torch import TorchTrainer
 from areal_ray.config import Config, ConfigError, to_dict
 from areal_ray.run.event_loop import off_event_loop
 from areal_ray.run.job import TRAIN_DIR, init_ray, resolve_model, worker_resources
+from areal_ray.run.resume import write_config_record
 from areal_ray.sft.dataset import load_rows
 from areal_ray.sft.loop import FINAL_MODEL, STEPS_FILE
 from areal_ray.task.tokenizer import load_tokenizer
@@ -71,22 +73,13 @@ def accuracy(cfg: Config, model_dir: str) -> float | None:
 
 
 def track(cfg: Config, run_dir: Path):
-    """The run's MLflow run, opened before the fit so that it shows as running: the
-    config as params, like an RL run's (observe/tracking.py); a resumed run continues
-    the same MLflow run (its id is kept in the run dir)."""
+    """The run's MLflow run, opened before the fit so that it shows as running, as an
+    RL run's is (observe/tracking.py: open_run)."""
     import mlflow
 
-    from areal_ray.observe.tracking import params_of, use_experiment
-    use_experiment(cfg)
-    id_file = run_dir / "mlflow_run_id"
-    if cfg.run.resume and id_file.exists():
-        run = mlflow.start_run(run_id=id_file.read_text().strip())
-        mlflow.set_tag("resumed", "true")
-    else:
-        run = mlflow.start_run(run_name=cfg.run.name)
-        mlflow.log_params(params_of(cfg))
-        id_file.write_text(run.info.run_id)
-    mlflow.set_tags({"run_dir": str(run_dir), "objective": "sft"})
+    from areal_ray.observe.tracking import open_run
+    run, _ = open_run(cfg, run_dir, cfg.run.resume)
+    mlflow.set_tag("objective", "sft")
     return run
 
 
@@ -96,19 +89,18 @@ def log_run(cfg: Config, run_dir: Path, records: list[dict], summary: dict) -> N
     `model` artifacts."""
     import mlflow
     from mlflow.entities import Metric
+
+    from areal_ray.observe.tracking import numbers
     client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id
     logged = {key: max((m.step for m in client.get_metric_history(run_id, metric)), default=-1)
               for key, metric in (("step", "loss"), ("eval_step", "eval_loss"))}
     now = int(time.time() * 1000)
-    metrics = [Metric(k, float(v), now, int(r[key]))
+    metrics = [Metric(k, v, now, int(r[key]))
                for r in records for key in ("step", "eval_step") if key in r and r[key] > logged[key]
-               for k, v in r.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)
-               and k not in ("step", "eval_step", "t_wall")]
+               for k, v in numbers(r, ("step", "eval_step", "t_wall")).items()]
     for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes at most 1000
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
-    mlflow.log_metrics({k: float(v) for k, v in summary.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    mlflow.log_metrics(numbers(summary))
     for name in (STEPS_FILE, "summary.json", "config.json"):
         if (run_dir / name).exists():
             mlflow.log_artifact(str(run_dir / name))
@@ -137,7 +129,7 @@ def run_sft(cfg: Config) -> dict:
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.run.name}-sft-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     check_run_dir(cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    write_config_record(run_dir, to_dict(cfg), cfg.run.resume)  # config.json, or config.resume-N.json
     print(f"[areal-ray sft] {len(rows)} training rows, {len(held)} held out, {cfg.train.steps} "
           f"steps of {cfg.sft.batch_size} -> {run_dir}", flush=True)
     before = accuracy(cfg, model_path) if not cfg.run.resume else None

@@ -34,6 +34,9 @@ def test_sft_lowers_the_loss_resumes_and_leaves_a_model_rl_starts_from(ray_clust
     assert "trainer starts at step 2 (from checkpoint" in capsys.readouterr().out
     # one MLflow run for both jobs: every step's loss, by step, and the final model
     assert second["mlflow_run_id"] == first["mlflow_run_id"]
+    # the resumed job's config beside the first's, which stays as it was
+    assert json.loads((run_dir / "config.json").read_text())["train"]["steps"] == 2
+    assert json.loads((run_dir / "config.resume-1.json").read_text())["train"]["steps"] == 4
     import mlflow
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert sorted(int(m.step) for m in client.get_metric_history(first["mlflow_run_id"], "loss")) == [0, 1, 2, 3]

@@ -8,7 +8,7 @@ import pytest
 from areal_ray.config import ConfigError, load_config
 from areal_ray.data.sources import DatasetError
 from areal_ray.sft.dataset import (
-    EMBEDDED_TRAIN_SEED,
+    SFT_TRAIN_SEED,
     as_seqs,
     encode,
     file_rows,
@@ -96,7 +96,7 @@ def test_a_train_file_without_eval_path_holds_out_its_last_rows(tmp_path, tok):
 def test_the_embedded_rows_are_the_arith_tasks_worked_solutions(tok):
     cfg = load_config("conf/sft.yaml", ["sft.n_train=8", "sft.n_eval=4"])
     train, held = load_rows(cfg, tok)
-    problems = arith.make_split(EMBEDDED_TRAIN_SEED, 8, cfg.task.max_steps_per_problem,
+    problems = arith.make_split(SFT_TRAIN_SEED, 8, cfg.task.max_steps_per_problem,
                                 cfg.task.chain_p_stop)
     assert len(held) == 4
     for r, p in zip(train, problems, strict=True):
